@@ -1,0 +1,24 @@
+//! Generated gRPC types for the two APIs the daemon serves.
+//!
+//! * [`localnet::v1`]: the node-local `Endpoints` API (SPEC §6).
+//! * [`podinfo::v1alpha1`]: the PodInfo bridge (SPEC §7).
+//!
+//! Messages are prost types; every message also implements serde
+//! `Serialize`/`Deserialize` in the canonical proto3 JSON mapping (pbjson),
+//! which the CLI uses for `-o json|yaml`.
+
+#![allow(clippy::all, clippy::pedantic, missing_docs)]
+
+pub mod localnet {
+    pub mod v1 {
+        include!(concat!(env!("OUT_DIR"), "/localnet.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/localnet.v1.serde.rs"));
+    }
+}
+
+pub mod podinfo {
+    pub mod v1alpha1 {
+        include!(concat!(env!("OUT_DIR"), "/podinfo.v1alpha1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/podinfo.v1alpha1.serde.rs"));
+    }
+}

@@ -1,0 +1,195 @@
+//! Command line: the daemon's flags (kube-proxy's names where kube-proxy has
+//! one) and the subcommands. Parsed values are checked in [`crate::config`].
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::datapath::ProxyMode;
+use crate::localnet::client::Target;
+use crate::localnet::render::OutputFormat;
+
+pub const DEFAULT_LOCALNET_BIND_ADDRESS: &str = "127.0.0.1:12345";
+pub const DEFAULT_LOCALNET_SOCKET: &str = "/run/ebpf-kube-proxy/localnet.sock";
+pub const DEFAULT_PODINFO_SOCKET: &str = "/run/ebpf-kube-proxy/podinfo.sock";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ebpf-kube-proxy",
+    version,
+    about = "A kube-proxy replacement: node-local service state, an eBPF datapath, the localnet API",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub daemon: DaemonFlags,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SourceKind {
+    /// Watch the Kubernetes API server.
+    Kube,
+    /// Read manifests from --manifests DIR.
+    File,
+}
+
+impl SourceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::Kube => "kube",
+            SourceKind::File => "file",
+        }
+    }
+}
+
+/// Flags of the daemon (no subcommand). Every flag here is shown by /flagz.
+#[derive(Clone, Debug, Args)]
+pub struct DaemonFlags {
+    /// Name of this node, instead of the hostname.
+    #[arg(long, value_name = "NAME", default_value = "")]
+    pub hostname_override: String,
+
+    /// Pod CIDRs of the cluster, comma separated; traffic from outside them
+    /// is masqueraded.
+    #[arg(long, value_name = "CIDRS", default_value = "")]
+    pub cluster_cidr: String,
+
+    /// Datapath: auto (eBPF, else nftables), ebpf, nftables or none.
+    #[arg(long, value_enum, default_value_t = ProxyMode::Auto)]
+    pub proxy_mode: ProxyMode,
+
+    /// Address of kube-proxy's health server (/healthz, /livez).
+    #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10256")]
+    pub healthz_bind_address: String,
+
+    /// Address of the metrics and status server (/metrics, /statusz, /flagz).
+    #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:10249")]
+    pub metrics_bind_address: String,
+
+    /// Kubeconfig file; empty = in-cluster configuration.
+    #[arg(long, value_name = "PATH", default_value = "")]
+    pub kubeconfig: String,
+
+    /// Where Services and EndpointSlices come from.
+    #[arg(long, value_enum, default_value_t = SourceKind::Kube)]
+    pub source: SourceKind,
+
+    /// Directory of YAML/JSON manifests for --source file.
+    #[arg(long, value_name = "DIR")]
+    pub manifests: Option<PathBuf>,
+
+    /// TCP address of the localnet gRPC API; empty disables it.
+    #[arg(long, value_name = "IP:PORT", default_value = DEFAULT_LOCALNET_BIND_ADDRESS)]
+    pub localnet_bind_address: String,
+
+    /// Unix socket of the localnet gRPC API (mode 0660); empty disables it.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_LOCALNET_SOCKET)]
+    pub localnet_socket: String,
+
+    /// Unix socket of the PodInfo gRPC API (mode 0660); empty disables it.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_PODINFO_SOCKET)]
+    pub podinfo_socket: String,
+
+    /// bpffs directory for pinned maps and links.
+    #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf/ebpf-kube-proxy")]
+    pub bpffs_root: PathBuf,
+
+    /// cgroup v2 directory the socket hooks attach to; empty = the cgroup v2
+    /// root found in /proc/self/mountinfo.
+    #[arg(long, value_name = "DIR", default_value = "")]
+    pub cgroup_path: String,
+
+    /// Resync period; the health timeout is twice this.
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    pub sync_period: String,
+
+    /// CIDRs of node addresses that accept NodePort traffic, comma
+    /// separated; empty = all.
+    #[arg(long, value_name = "CIDRS", default_value = "")]
+    pub nodeport_addresses: String,
+
+    /// Log verbosity (0-10, as klog's -v).
+    #[arg(short = 'v', long = "v", value_name = "LEVEL", default_value_t = 0)]
+    pub verbosity: u8,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Clients of the localnet API.
+    Localnet {
+        #[command(subcommand)]
+        command: LocalnetCommand,
+    },
+    /// Show what is programmed (this build programs nothing: the published
+    /// LocalState).
+    Dump(ClientArgs),
+    /// Remove everything the daemon left on the node.
+    Cleanup(CleanupArgs),
+    /// Print version information.
+    Version,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LocalnetCommand {
+    /// Print each new state, resuming with instance id and revision.
+    Watch(WatchArgs),
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct ClientArgs {
+    /// localnet API address: HOST:PORT or unix:PATH.
+    #[arg(long, value_name = "HOST:PORT|unix:PATH", default_value = DEFAULT_LOCALNET_BIND_ADDRESS)]
+    pub target: Target,
+
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+
+    /// Print the first state and exit.
+    #[arg(long)]
+    pub once: bool,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct CleanupArgs {
+    /// localnet socket to remove if no daemon listens on it.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_LOCALNET_SOCKET)]
+    pub localnet_socket: PathBuf,
+
+    /// PodInfo socket to remove if no daemon listens on it.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_PODINFO_SOCKET)]
+    pub podinfo_socket: PathBuf,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn kube_proxy_style_verbosity_flag_parses() {
+        let cli = Cli::try_parse_from(["ebpf-kube-proxy", "--v=4"]).unwrap();
+        assert_eq!(cli.daemon.verbosity, 4);
+        let cli = Cli::try_parse_from(["ebpf-kube-proxy", "-v", "2"]).unwrap();
+        assert_eq!(cli.daemon.verbosity, 2);
+    }
+
+    #[test]
+    fn bad_enum_value_names_the_flag() {
+        let err = Cli::try_parse_from(["ebpf-kube-proxy", "--proxy-mode", "ipvs"]).unwrap_err();
+        assert!(err.to_string().contains("--proxy-mode"), "{err}");
+    }
+}

@@ -1,0 +1,226 @@
+//! The daemon's configuration: flags checked once, at start, into typed
+//! values. Every error names the flag and the offending value.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::cli::{DaemonFlags, SourceKind};
+use crate::datapath::ProxyMode;
+use crate::net::{parse_cidr_list, Cidr};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--{flag} {value:?}: {reason}")]
+pub struct ConfigError {
+    pub flag: &'static str,
+    pub value: String,
+    pub reason: String,
+}
+
+fn err(flag: &'static str, value: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        flag,
+        value: value.into(),
+        reason: reason.into(),
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceConfig {
+    File { dir: PathBuf },
+    Kube,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub node_name: String,
+    pub cluster_cidrs: Vec<Cidr>,
+    pub proxy_mode: ProxyMode,
+    pub healthz_bind_address: SocketAddr,
+    pub metrics_bind_address: SocketAddr,
+    pub kubeconfig: Option<PathBuf>,
+    pub source: SourceConfig,
+    pub localnet_bind_address: Option<SocketAddr>,
+    pub localnet_socket: Option<PathBuf>,
+    pub podinfo_socket: Option<PathBuf>,
+    pub bpffs_root: PathBuf,
+    pub cgroup_path: Option<PathBuf>,
+    pub sync_period: Duration,
+    pub nodeport_addresses: Vec<Cidr>,
+    pub verbosity: u8,
+}
+
+fn socket_addr(flag: &'static str, v: &str) -> Result<SocketAddr, ConfigError> {
+    v.parse()
+        .map_err(|_| err(flag, v, "expected IP:PORT, e.g. 127.0.0.1:12345 or [::1]:12345"))
+}
+
+fn optional_path(p: &str) -> Option<PathBuf> {
+    (!p.trim().is_empty()).then(|| PathBuf::from(p.trim()))
+}
+
+/// This node's name when `--hostname-override` is empty: the kernel's
+/// hostname, lower-cased as kube-proxy does.
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_lowercase())
+        .filter(|h| !h.is_empty())
+}
+
+impl Config {
+    pub fn from_flags(f: &DaemonFlags) -> Result<Self, ConfigError> {
+        let node_name = match f.hostname_override.trim() {
+            "" => hostname().ok_or_else(|| {
+                err("hostname-override", "", "the hostname is unknown; set this flag")
+            })?,
+            name => name.to_lowercase(),
+        };
+        let cluster_cidrs =
+            parse_cidr_list(&f.cluster_cidr).map_err(|r| err("cluster-cidr", &f.cluster_cidr, r))?;
+        let nodeport_addresses = parse_cidr_list(&f.nodeport_addresses)
+            .map_err(|r| err("nodeport-addresses", &f.nodeport_addresses, r))?;
+        let proxy_mode = match f.proxy_mode {
+            ProxyMode::Ebpf | ProxyMode::Nftables => {
+                return Err(err(
+                    "proxy-mode",
+                    f.proxy_mode.as_str(),
+                    "this datapath is not available in this build; use auto or none",
+                ))
+            }
+            m => m,
+        };
+        let source = match f.source {
+            SourceKind::File => match &f.manifests {
+                Some(dir) if !dir.as_os_str().is_empty() => SourceConfig::File { dir: dir.clone() },
+                _ => return Err(err("manifests", "", "a directory is required with --source file")),
+            },
+            SourceKind::Kube => {
+                return Err(err(
+                    "source",
+                    "kube",
+                    "the Kubernetes API source is not available in this build; use --source file --manifests DIR",
+                ))
+            }
+        };
+        let localnet_bind_address = match f.localnet_bind_address.trim() {
+            "" => None,
+            a => Some(socket_addr("localnet-bind-address", a)?),
+        };
+        let sync_period =
+            parse_duration(&f.sync_period).map_err(|r| err("sync-period", &f.sync_period, r))?;
+        if sync_period.is_zero() {
+            return Err(err("sync-period", &f.sync_period, "must be greater than 0"));
+        }
+        Ok(Config {
+            node_name,
+            cluster_cidrs,
+            proxy_mode,
+            healthz_bind_address: socket_addr("healthz-bind-address", &f.healthz_bind_address)?,
+            metrics_bind_address: socket_addr("metrics-bind-address", &f.metrics_bind_address)?,
+            kubeconfig: optional_path(&f.kubeconfig),
+            source,
+            localnet_bind_address,
+            localnet_socket: optional_path(&f.localnet_socket),
+            podinfo_socket: optional_path(&f.podinfo_socket),
+            bpffs_root: f.bpffs_root.clone(),
+            cgroup_path: optional_path(&f.cgroup_path),
+            sync_period,
+            nodeport_addresses,
+            verbosity: f.verbosity,
+        })
+    }
+}
+
+/// Parses a Go `time.Duration` string: `30s`, `1m0s`, `1h30m`, `250ms`, `1.5s`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration (e.g. 30s, 1m0s, 250ms)");
+    let s = s.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let mut rest = s;
+    let mut total = 0f64;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        if num_len == 0 {
+            return Err(bad());
+        }
+        let value: f64 = rest[..num_len].parse().map_err(|_| bad())?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit_len..];
+        total += value * scale;
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+        let mut argv = vec!["ebpf-kube-proxy", "--hostname-override", "N1"];
+        argv.extend_from_slice(args);
+        Config::from_flags(&crate::cli::Cli::try_parse_from(argv).unwrap().daemon)
+    }
+
+    #[test]
+    fn file_source_with_defaults() {
+        let c = parse(&["--source", "file", "--manifests", "/m"]).unwrap();
+        assert_eq!(c.node_name, "n1");
+        assert_eq!(c.source, SourceConfig::File { dir: "/m".into() });
+        assert_eq!(c.localnet_bind_address, Some("127.0.0.1:12345".parse().unwrap()));
+        assert_eq!(c.sync_period, Duration::from_secs(30));
+        assert_eq!(c.proxy_mode, ProxyMode::Auto);
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let file = ["--source", "file", "--manifests", "/m"];
+        let cases: &[(&[&str], &str)] = &[
+            (&["--cluster-cidr", "10.0.0.0/40"], "cluster-cidr"),
+            (&["--localnet-bind-address", "localhost"], "localnet-bind-address"),
+            (&["--healthz-bind-address", "0.0.0.0"], "healthz-bind-address"),
+            (&["--sync-period", "10 parsecs"], "sync-period"),
+            (&["--sync-period", "0s"], "sync-period"),
+            (&["--proxy-mode", "ebpf"], "proxy-mode"),
+        ];
+        for (args, flag) in cases {
+            let mut a = file.to_vec();
+            a.extend_from_slice(args);
+            let e = parse(&a).unwrap_err();
+            assert_eq!(e.flag, *flag, "{args:?}: {e}");
+            assert!(e.to_string().starts_with(&format!("--{flag} ")), "{e}");
+        }
+        assert_eq!(parse(&["--source", "file"]).unwrap_err().flag, "manifests");
+        assert_eq!(parse(&[]).unwrap_err().flag, "source");
+    }
+
+    #[test]
+    fn go_durations_parse() {
+        assert_eq!(parse_duration("1m0s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

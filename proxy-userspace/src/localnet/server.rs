@@ -1,0 +1,332 @@
+//! The localnet `Endpoints` gRPC server (SPEC §6) on TCP and a unix socket.
+//!
+//! Every published [`Snapshot`] is converted once into a [`Frame`] of
+//! localnet.v1 messages shared by all clients. `Next` long-polls on the
+//! frame channel; `Watch` streams one complete frame per revision.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use proto::localnet::v1 as pb;
+use proto::localnet::v1::endpoints_server::{Endpoints, EndpointsServer};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream, UnixListenerStream};
+use tokio_stream::Stream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use crate::sync::{Snapshot, SnapshotReceiver};
+
+/// Largest message the server sends and the client accepts (SPEC §6.2).
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// Watch events buffered per stream; a slower reader makes the sender wait
+/// and then skips to the newest revision.
+const WATCH_BUFFER: usize = 256;
+
+/// One revision of the state in wire form.
+#[derive(Debug, Default)]
+pub struct Frame {
+    pub rev: u64,
+    pub services: Vec<pb::ServiceEndpoints>,
+}
+
+impl Frame {
+    fn from_snapshot(s: &Snapshot) -> Self {
+        Frame {
+            rev: s.rev,
+            services: s
+                .state
+                .services
+                .iter()
+                .map(convert::service_endpoints)
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LocalnetError {
+    #[error("--localnet-bind-address {addr}: {source}")]
+    BindTcp {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("--localnet-socket {path}: {source}")]
+    BindUnix {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("localnet server: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Draws the per-process instance id: random, never 0 (SPEC §6.1).
+pub fn new_instance_id() -> u64 {
+    loop {
+        // getrandom only fails without an OS RNG; then fall back to time+pid,
+        // which is still unique per start in practice.
+        let id = getrandom::u64().unwrap_or_else(|_| {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1);
+            nanos ^ (u64::from(std::process::id()) << 32)
+        });
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+/// The gRPC service: shared by the TCP and unix listeners.
+#[derive(Clone)]
+pub struct LocalnetService {
+    instance_id: u64,
+    frames: watch::Receiver<Arc<Frame>>,
+    shutdown: CancellationToken,
+}
+
+impl LocalnetService {
+    /// Starts converting snapshots into frames (a task that ends with the
+    /// snapshot channel or `shutdown`).
+    pub fn new(instance_id: u64, mut snapshots: SnapshotReceiver, shutdown: CancellationToken) -> Self {
+        let (frame_tx, frames) = watch::channel(Arc::new(Frame::default()));
+        let cancel = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                let snapshot = snapshots.borrow_and_update().clone();
+                if snapshot.is_synced() {
+                    // Conversion is CPU work proportional to the state size.
+                    let frame = tokio::task::spawn_blocking(move || Frame::from_snapshot(&snapshot)).await;
+                    match frame {
+                        Ok(f) => {
+                            frame_tx.send_replace(Arc::new(f));
+                        }
+                        Err(e) => tracing::error!(error = %e, "converting the state for localnet failed"),
+                    }
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    changed = snapshots.changed() => if changed.is_err() { return },
+                }
+            }
+        });
+        Self {
+            instance_id,
+            frames,
+            shutdown,
+        }
+    }
+
+    pub fn instance_id(&self) -> u64 {
+        self.instance_id
+    }
+
+    /// Waits for a synced frame other than the one the client holds.
+    async fn wait_for_frame(&self, instance_id: u64, rev: u64) -> Result<Arc<Frame>, Status> {
+        let mut frames = self.frames.clone();
+        let holds_current = |f: &Frame| instance_id == self.instance_id && rev == f.rev;
+        tokio::select! {
+            r = frames.wait_for(|f| f.rev >= 1 && !holds_current(f)) => match r {
+                Ok(f) => Ok(f.clone()),
+                Err(_) => Err(Status::unavailable("server shutting down")),
+            },
+            _ = self.shutdown.cancelled() => Err(Status::unavailable("server shutting down")),
+        }
+    }
+
+    pub fn into_server(self) -> EndpointsServer<Self> {
+        EndpointsServer::new(self)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+}
+
+type ItemStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Endpoints for LocalnetService {
+    type NextStream = ItemStream<pb::NextItem>;
+    type WatchStream = ItemStream<pb::WatchEvent>;
+
+    async fn next(&self, request: Request<pb::NextFilter>) -> Result<Response<Self::NextStream>, Status> {
+        let pb::NextFilter { instance_id, rev } = request.into_inner();
+        let frame = self.wait_for_frame(instance_id, rev).await?;
+        let head = pb::NextItem {
+            item: Some(pb::next_item::Item::Next(pb::NextFilter {
+                instance_id: self.instance_id,
+                rev: frame.rev,
+            })),
+        };
+        let count = frame.services.len();
+        let services = (0..count).map(move |i| {
+            Ok(pb::NextItem {
+                item: Some(pb::next_item::Item::Endpoints(frame.services[i].clone())),
+            })
+        });
+        let items = std::iter::once(Ok(head)).chain(services);
+        Ok(Response::new(Box::pin(tokio_stream::iter(items))))
+    }
+
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let pb::WatchRequest { instance_id, rev } = request.into_inner();
+        let first = self.wait_for_frame(instance_id, rev).await;
+        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
+        let this = self.clone();
+        let mut frames = self.frames.clone();
+        tokio::spawn(async move {
+            let mut sent_rev = match first {
+                Ok(frame) => {
+                    if send_frame(&tx, this.instance_id, &frame).await.is_err() {
+                        return;
+                    }
+                    frame.rev
+                }
+                Err(status) => {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
+            };
+            loop {
+                let changed = tokio::select! {
+                    _ = this.shutdown.cancelled() => None,
+                    _ = tx.closed() => return,
+                    r = frames.wait_for(|f| f.rev != sent_rev && f.rev >= 1) => r.ok().map(|f| f.clone()),
+                };
+                let Some(frame) = changed else {
+                    let _ = tx.send(Err(Status::unavailable("server shutting down"))).await;
+                    return;
+                };
+                if send_frame(&tx, this.instance_id, &frame).await.is_err() {
+                    return;
+                }
+                sent_rev = frame.rev;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Sends `begin`, every service, `end`. Fails when the client went away.
+async fn send_frame(
+    tx: &mpsc::Sender<Result<pb::WatchEvent, Status>>,
+    instance_id: u64,
+    frame: &Frame,
+) -> Result<(), ()> {
+    use pb::watch_event::Event;
+    let event = |e| Ok(pb::WatchEvent { event: Some(e) });
+    let begin = Event::Begin(pb::StateBegin {
+        instance_id,
+        rev: frame.rev,
+        service_count: u32::try_from(frame.services.len()).unwrap_or(u32::MAX),
+    });
+    tx.send(event(begin)).await.map_err(drop)?;
+    for s in &frame.services {
+        tx.send(event(Event::Service(s.clone()))).await.map_err(drop)?;
+    }
+    tx.send(event(Event::End(pb::StateEnd {}))).await.map_err(drop)
+}
+
+/// Bound listeners; binding happens before anything is served, so a bad
+/// address fails start-up with the flag's name.
+pub struct Listeners {
+    tcp: Option<(SocketAddr, TcpListener)>,
+    unix: Option<(PathBuf, UnixListener)>,
+}
+
+impl Listeners {
+    /// Binds the TCP address and the unix socket (mode 0660, parent
+    /// directory created, a stale socket file replaced). `None` disables one.
+    pub async fn bind(tcp: Option<SocketAddr>, socket: Option<&Path>) -> Result<Self, LocalnetError> {
+        let tcp = match tcp {
+            Some(addr) => {
+                let l = TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| LocalnetError::BindTcp { addr, source })?;
+                let local = l.local_addr().map_err(|source| LocalnetError::BindTcp { addr, source })?;
+                Some((local, l))
+            }
+            None => None,
+        };
+        let unix = match socket {
+            Some(path) => Some((path.to_owned(), bind_unix(path).map_err(|source| LocalnetError::BindUnix {
+                path: path.to_owned(),
+                source,
+            })?)),
+            None => None,
+        };
+        Ok(Self { tcp, unix })
+    }
+
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp.as_ref().map(|(a, _)| *a)
+    }
+
+    /// Serves until `shutdown`; removes the unix socket file afterwards.
+    pub async fn serve(self, service: LocalnetService, shutdown: CancellationToken) -> Result<(), LocalnetError> {
+        let mut tasks = tokio::task::JoinSet::new();
+        if let Some((addr, l)) = self.tcp {
+            let router = tonic::transport::Server::builder().add_service(service.clone().into_server());
+            let stop = shutdown.clone();
+            tracing::info!(%addr, "localnet API listening");
+            tasks.spawn(async move {
+                router
+                    .serve_with_incoming_shutdown(TcpListenerStream::new(l), stop.cancelled_owned())
+                    .await
+            });
+        }
+        let socket_path = self.unix.as_ref().map(|(p, _)| p.clone());
+        if let Some((path, l)) = self.unix {
+            let router = tonic::transport::Server::builder().add_service(service.clone().into_server());
+            let stop = shutdown.clone();
+            tracing::info!(path = %path.display(), "localnet API listening");
+            tasks.spawn(async move {
+                router
+                    .serve_with_incoming_shutdown(UnixListenerStream::new(l), stop.cancelled_owned())
+                    .await
+            });
+        }
+        let mut result = Ok(());
+        while let Some(r) = tasks.join_next().await {
+            match r {
+                Ok(Err(e)) if result.is_ok() => {
+                    shutdown.cancel();
+                    result = Err(e.into());
+                }
+                Err(e) => tracing::error!(error = %e, "localnet server task failed"),
+                _ => {}
+            }
+        }
+        if let Some(path) = socket_path {
+            remove_socket(&path);
+        }
+        result
+    }
+}
+
+pub(crate) fn bind_unix(path: &Path) -> std::io::Result<UnixListener> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::debug!(path = %path.display(), "replaced a stale socket file"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let l = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    Ok(l)
+}
+
+pub(crate) fn remove_socket(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove socket file");
+        }
+    }
+}

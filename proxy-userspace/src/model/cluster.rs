@@ -1,0 +1,407 @@
+//! Typed view of the API objects the proxy consumes. Sources parse and
+//! validate manifests / watch events into these types once, at the edge;
+//! nothing downstream re-validates.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+/// Namespace and name of a namespaced object; orders like kube-proxy's
+/// `NamespacedName` (namespace first).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// The Kubernetes spelling (`TCP`, `UDP`, `SCTP`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    pub fn of(ip: &IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(_) => IpFamily::V4,
+            IpAddr::V6(_) => IpFamily::V6,
+        }
+    }
+
+    /// kube-proxy's label value (`IPv4`, `IPv6`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ServiceType {
+    ClusterIp,
+    NodePort,
+    LoadBalancer,
+    ExternalName,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum TrafficPolicy {
+    #[default]
+    Cluster,
+    Local,
+}
+
+/// `spec.ports[].targetPort`: a number, or a name resolved through the
+/// EndpointSlice port names.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TargetPort {
+    Number(u16),
+    Name(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    /// `""` for a single unnamed port.
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+    /// 0 = none.
+    pub node_port: u16,
+    pub target_port: TargetPort,
+    pub app_protocol: Option<String>,
+}
+
+/// One `status.loadBalancer.ingress[]` entry that carries an IP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadBalancerIngress {
+    pub ip: IpAddr,
+    /// `ipMode: Proxy`: the load balancer delivers to the node itself, so
+    /// the proxy must not capture the IP (SPEC §8.1).
+    pub ip_mode_proxy: bool,
+}
+
+/// Label that hands a Service to another proxy (SPEC §8.1).
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// Label set on EndpointSlices of headless Services.
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+/// Label linking an EndpointSlice to its Service.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// Node label carrying the zone.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// Default `sessionAffinityConfig.clientIP.timeoutSeconds`.
+pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Service {
+    pub key: ObjectKey,
+    pub uid: String,
+    pub labels: BTreeMap<String, String>,
+    pub service_type: ServiceType,
+    /// `spec.clusterIPs` (or `spec.clusterIP`); empty when headless
+    /// (`None`) or not allocated.
+    pub cluster_ips: Vec<IpAddr>,
+    pub external_ips: Vec<IpAddr>,
+    pub load_balancer_ingress: Vec<LoadBalancerIngress>,
+    pub ports: Vec<ServicePort>,
+    pub internal_traffic_policy: TrafficPolicy,
+    pub external_traffic_policy: TrafficPolicy,
+    /// `Some(timeout_seconds)` for `sessionAffinity: ClientIP`.
+    pub session_affinity_timeout: Option<u32>,
+    /// 0 = none.
+    pub health_check_node_port: u16,
+    /// `spec.trafficDistribution` as given.
+    pub traffic_distribution: Option<String>,
+    /// CIDRs as given (validated by the source).
+    pub load_balancer_source_ranges: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AddressType {
+    Ipv4,
+    Ipv6,
+    Fqdn,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointSlicePort {
+    /// `""` when unnamed.
+    pub name: String,
+    pub protocol: Protocol,
+    /// `None` = the slice does not say (such a port backs nothing).
+    pub port: Option<u16>,
+    pub app_protocol: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TargetRef {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `addresses[0]`; FQDN slices carry no endpoints in this model.
+    pub ip: IpAddr,
+    pub hostname: Option<String>,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    /// Conditions as given; `None` = absent (defaulted by SPEC §8.2).
+    pub ready: Option<bool>,
+    pub serving: Option<bool>,
+    pub terminating: Option<bool>,
+    pub hints_for_zones: Vec<String>,
+    pub hints_for_nodes: Vec<String>,
+    pub target_ref: Option<TargetRef>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointSlice {
+    pub key: ObjectKey,
+    pub labels: BTreeMap<String, String>,
+    pub address_type: AddressType,
+    pub ports: Vec<EndpointSlicePort>,
+    pub endpoints: Vec<Endpoint>,
+    /// `endpoints.kubernetes.io/last-change-trigger-time`.
+    pub last_change_trigger_time: Option<Timestamp>,
+}
+
+impl EndpointSlice {
+    /// The owning Service from the `kubernetes.io/service-name` label.
+    pub fn service_key(&self) -> Option<ObjectKey> {
+        self.labels
+            .get(LABEL_SERVICE_NAME)
+            .map(|name| ObjectKey::new(self.key.namespace.clone(), name.clone()))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    pub taint_keys: Vec<String>,
+    pub addresses: Vec<IpAddr>,
+}
+
+impl Node {
+    pub fn zone(&self) -> Option<&str> {
+        self.labels.get(LABEL_ZONE).map(String::as_str)
+    }
+}
+
+/// Time as seconds and nanoseconds since the Unix epoch (UTC).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp {
+    pub seconds: i64,
+    pub nanos: i32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodCondition {
+    pub condition_type: String,
+    pub status: ConditionStatus,
+    pub last_probe_time: Option<Timestamp>,
+    pub last_transition_time: Option<Timestamp>,
+    pub reason: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pod {
+    pub key: ObjectKey,
+    pub uid: String,
+    pub node_name: Option<String>,
+    /// Mirror pod of a static pod (`kubernetes.io/config.mirror`).
+    pub static_pod: bool,
+    pub conditions: Vec<PodCondition>,
+    pub deletion_timestamp: Option<Timestamp>,
+}
+
+/// Everything the sources know, keyed for stable iteration.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterState {
+    pub services: BTreeMap<ObjectKey, Service>,
+    pub endpoint_slices: BTreeMap<ObjectKey, EndpointSlice>,
+    pub nodes: BTreeMap<String, Node>,
+    pub pods: BTreeMap<ObjectKey, Pod>,
+}
+
+/// The kinds of object the proxy consumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectKind {
+    Service,
+    EndpointSlice,
+    Node,
+    Pod,
+}
+
+impl fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ObjectKind::Service => "Service",
+            ObjectKind::EndpointSlice => "EndpointSlice",
+            ObjectKind::Node => "Node",
+            ObjectKind::Pod => "Pod",
+        })
+    }
+}
+
+/// Identity of an object: its kind and key (Nodes have an empty namespace).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectRef {
+    pub kind: ObjectKind,
+    pub key: ObjectKey,
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.namespace.is_empty() {
+            write!(f, "{} {}", self.kind, self.key.name)
+        } else {
+            write!(f, "{} {}", self.kind, self.key)
+        }
+    }
+}
+
+/// One validated object of any consumed kind.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    Service(Service),
+    EndpointSlice(EndpointSlice),
+    Node(Node),
+    Pod(Pod),
+}
+
+impl Object {
+    pub fn object_ref(&self) -> ObjectRef {
+        let (kind, key) = match self {
+            Object::Service(s) => (ObjectKind::Service, s.key.clone()),
+            Object::EndpointSlice(s) => (ObjectKind::EndpointSlice, s.key.clone()),
+            Object::Node(n) => (ObjectKind::Node, ObjectKey::new("", n.name.clone())),
+            Object::Pod(p) => (ObjectKind::Pod, p.key.clone()),
+        };
+        ObjectRef { kind, key }
+    }
+}
+
+/// A change reported by a source.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change {
+    Upsert(Object),
+    Delete(ObjectRef),
+}
+
+impl Change {
+    pub fn object_ref(&self) -> ObjectRef {
+        match self {
+            Change::Upsert(o) => o.object_ref(),
+            Change::Delete(r) => r.clone(),
+        }
+    }
+}
+
+impl ClusterState {
+    /// Applies one change; returns whether the state differs afterwards.
+    pub fn apply(&mut self, change: Change) -> bool {
+        fn upsert<K: Ord, V: PartialEq>(map: &mut BTreeMap<K, V>, k: K, v: V) -> bool {
+            match map.get(&k) {
+                Some(old) if *old == v => false,
+                _ => {
+                    map.insert(k, v);
+                    true
+                }
+            }
+        }
+        match change {
+            Change::Upsert(Object::Service(s)) => upsert(&mut self.services, s.key.clone(), s),
+            Change::Upsert(Object::EndpointSlice(s)) => {
+                upsert(&mut self.endpoint_slices, s.key.clone(), s)
+            }
+            Change::Upsert(Object::Node(n)) => upsert(&mut self.nodes, n.name.clone(), n),
+            Change::Upsert(Object::Pod(p)) => upsert(&mut self.pods, p.key.clone(), p),
+            Change::Delete(ObjectRef { kind, key }) => match kind {
+                ObjectKind::Service => self.services.remove(&key).is_some(),
+                ObjectKind::EndpointSlice => self.endpoint_slices.remove(&key).is_some(),
+                ObjectKind::Node => self.nodes.remove(&key.name).is_some(),
+                ObjectKind::Pod => self.pods.remove(&key).is_some(),
+            },
+        }
+    }
+
+    /// Every object, in kind then key order.
+    pub fn objects(&self) -> impl Iterator<Item = Object> + '_ {
+        let services = self.services.values().cloned().map(Object::Service);
+        let slices = self.endpoint_slices.values().cloned().map(Object::EndpointSlice);
+        let nodes = self.nodes.values().cloned().map(Object::Node);
+        let pods = self.pods.values().cloned().map(Object::Pod);
+        services.chain(slices).chain(nodes).chain(pods)
+    }
+
+    /// The changes that turn `self` into `next` (deletes first).
+    pub fn diff(&self, next: &ClusterState) -> Vec<Change> {
+        let mut changes = Vec::new();
+        let old: BTreeMap<ObjectRef, Object> =
+            self.objects().map(|o| (o.object_ref(), o)).collect();
+        let new: BTreeMap<ObjectRef, Object> =
+            next.objects().map(|o| (o.object_ref(), o)).collect();
+        for r in old.keys().filter(|r| !new.contains_key(*r)) {
+            changes.push(Change::Delete(r.clone()));
+        }
+        for (r, o) in new {
+            if old.get(&r) != Some(&o) {
+                changes.push(Change::Upsert(o));
+            }
+        }
+        changes
+    }
+}

@@ -1,0 +1,169 @@
+//! The node-local state: every Service this node proxies with its endpoints
+//! and the selection results (scopes) per service port and IP family.
+//! Sorted and canonical; it maps one to one onto localnet.v1 (SPEC §6).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use super::cluster::{ObjectKey, Protocol, TargetRef, TrafficPolicy};
+
+/// Service type as programmed (ExternalName never reaches LocalState).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LocalServiceType {
+    ClusterIp,
+    NodePort,
+    LoadBalancer,
+}
+
+/// Addresses of one kind, split by family, each list sorted and deduplicated.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct IpSet {
+    pub v4: Vec<Ipv4Addr>,
+    pub v6: Vec<Ipv6Addr>,
+}
+
+impl IpSet {
+    pub fn from_ips<'a>(ips: impl IntoIterator<Item = &'a IpAddr>) -> Self {
+        let mut set = IpSet::default();
+        for ip in ips {
+            match ip {
+                IpAddr::V4(a) => set.v4.push(*a),
+                IpAddr::V6(a) => set.v6.push(*a),
+            }
+        }
+        set.v4.sort_unstable();
+        set.v4.dedup();
+        set.v6.sort_unstable();
+        set.v6.dedup();
+        set
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.v4.is_empty() && self.v6.is_empty()
+    }
+
+    /// All addresses, IPv4 first.
+    pub fn iter(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.v4
+            .iter()
+            .map(|a| IpAddr::V4(*a))
+            .chain(self.v6.iter().map(|a| IpAddr::V6(*a)))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PortMapping {
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+    pub node_port: u16,
+    /// Numeric targetPort, 0 if named.
+    pub target_port: u16,
+    /// Named targetPort, `""` if numeric.
+    pub target_port_name: String,
+    pub app_protocol: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LocalService {
+    pub key: ObjectKey,
+    pub uid: String,
+    pub service_type: LocalServiceType,
+    pub labels: BTreeMap<String, String>,
+    pub cluster_ips: IpSet,
+    pub external_ips: IpSet,
+    /// Ingress IPs with ipMode unset or `VIP`.
+    pub load_balancer_ips: IpSet,
+    /// Sorted by (name, protocol).
+    pub ports: Vec<PortMapping>,
+    pub internal_traffic_policy: TrafficPolicy,
+    /// `Local` only when the service is externally accessible (SPEC §8.3).
+    pub external_traffic_policy: TrafficPolicy,
+    /// `Some(timeout_seconds)` for ClientIP affinity (default filled in).
+    pub session_affinity_timeout: Option<u32>,
+    pub health_check_node_port: u16,
+    /// `""` when unset.
+    pub traffic_distribution: String,
+    /// Sorted.
+    pub load_balancer_source_ranges: Vec<String>,
+}
+
+/// Effective conditions after SPEC §8.2 defaulting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EndpointConditions {
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EndpointHints {
+    pub for_zones: Vec<String>,
+    pub for_nodes: Vec<String>,
+}
+
+/// Selection results for one (service port, IP family) (SPEC §8.5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EndpointScopes {
+    pub cluster: bool,
+    pub local: bool,
+    /// Use for traffic to cluster IPs.
+    pub internal: bool,
+    /// Use for traffic from outside to node ports, external and LB IPs.
+    pub external: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EndpointPort {
+    /// Matches [`PortMapping::name`].
+    pub name: String,
+    pub protocol: Protocol,
+    /// Port number on the endpoint.
+    pub port: u16,
+    pub scopes: EndpointScopes,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LocalEndpoint {
+    pub ip: IpAddr,
+    pub hostname: String,
+    pub node_name: String,
+    pub zone: String,
+    /// `node_name` is this node.
+    pub local: bool,
+    pub conditions: EndpointConditions,
+    /// Effective hints (synthesised ones included, SPEC §8.4).
+    pub hints: EndpointHints,
+    /// One entry per service port this endpoint backs, sorted (name, protocol).
+    pub ports: Vec<EndpointPort>,
+    pub target_ref: Option<TargetRef>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ServiceEndpoints {
+    pub service: LocalService,
+    /// Sorted by IP: IPv4 before IPv6, then numerically. One entry per IP.
+    pub endpoints: Vec<LocalEndpoint>,
+    /// Distinct local, ready, non-terminating endpoint IPs per family (SPEC §4.3).
+    pub local_ready_endpoints_v4: u32,
+    pub local_ready_endpoints_v6: u32,
+}
+
+/// What this node programs; `services` sorted by (namespace, name).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LocalState {
+    pub services: Vec<ServiceEndpoints>,
+}
+
+impl LocalState {
+    pub fn endpoint_count(&self) -> usize {
+        self.services.iter().map(|s| s.endpoints.len()).sum()
+    }
+
+    pub fn service(&self, key: &ObjectKey) -> Option<&ServiceEndpoints> {
+        self.services
+            .binary_search_by(|s| s.service.key.cmp(key))
+            .ok()
+            .map(|i| &self.services[i])
+    }
+}

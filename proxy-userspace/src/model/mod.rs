@@ -1,0 +1,15 @@
+//! The pure core: what the API server says ([`ClusterState`]) in, what this
+//! node must program ([`LocalState`]) out. No I/O, no clock, no randomness.
+//!
+//! Sources build a [`ClusterState`] from typed objects; [`compute`] applies
+//! kube-proxy's endpoint selection rules (SPEC §8) and returns a canonical,
+//! sorted [`LocalState`], so equal inputs give equal output and a revision is
+//! only bumped on a real change.
+
+pub mod cluster;
+pub mod compute;
+pub mod local;
+
+pub use cluster::*;
+pub use compute::{compute, NodeContext};
+pub use local::*;

@@ -1,0 +1,432 @@
+//! The file source: Service, EndpointSlice, Node and Pod objects from the
+//! YAML/JSON manifests in one directory, re-read when the directory changes.
+//!
+//! Each file is all-or-nothing: when a file fails to parse or holds an
+//! invalid object, every error is logged with the file, document index and
+//! reason, and the last good version of that file stays in effect. Other
+//! files are unaffected.
+
+use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::objects::{decode_object, Decoded};
+use super::{SourceMessage, SourceSender};
+use crate::model::{ClusterState, Change, Object};
+
+/// File extensions read as manifests.
+const EXTENSIONS: &[&str] = &["yaml", "yml", "json"];
+/// Quiet time after a directory event before re-reading, so that an editor's
+/// write-rename-chmod sequence becomes one re-read.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+/// Safety net for file systems without inotify events (network mounts).
+const RESCAN_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Why a manifest (or one document in it) was not applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{file}: cannot read: {reason}")]
+    Read { file: PathBuf, reason: String },
+    #[error("{file}: document {doc_index}: malformed: {reason}")]
+    Decode {
+        file: PathBuf,
+        doc_index: usize,
+        reason: String,
+    },
+    #[error("{file}: document {doc_index}{}: invalid {object}: {reason}", item.map(|i| format!(" items[{i}]")).unwrap_or_default())]
+    Invalid {
+        file: PathBuf,
+        doc_index: usize,
+        item: Option<usize>,
+        object: String,
+        reason: String,
+    },
+}
+
+impl ManifestError {
+    /// Short reason class for metrics (`read`, `decode`, `invalid_object`).
+    pub fn reason_class(&self) -> &'static str {
+        match self {
+            ManifestError::Read { .. } => "read",
+            ManifestError::Decode { .. } => "decode",
+            ManifestError::Invalid { .. } => "invalid_object",
+        }
+    }
+}
+
+/// Start-up errors of the file source.
+#[derive(Debug, thiserror::Error)]
+pub enum FileSourceError {
+    #[error("--manifests {dir}: {reason}")]
+    Directory { dir: PathBuf, reason: String },
+    #[error("--manifests {dir}: no .yaml, .yml or .json files in the directory")]
+    Empty { dir: PathBuf },
+    #[error("--manifests {dir}: cannot watch the directory: {reason}")]
+    Watch { dir: PathBuf, reason: String },
+}
+
+/// Parses one manifest file into objects. Any error rejects the whole file.
+pub fn parse_manifest(file: &Path, content: &str) -> Result<Vec<Object>, Vec<ManifestError>> {
+    let documents = split_documents(file, content).map_err(|e| vec![e])?;
+    let mut objects = Vec::new();
+    let mut errors = Vec::new();
+    for (doc_index, doc) in documents {
+        let is_list = doc
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .is_some_and(|k| k == "List" || k.ends_with("List"))
+            && doc.get("items").is_some();
+        let items: Vec<(Option<usize>, serde_json::Value)> = if is_list {
+            match doc.get("items") {
+                Some(serde_json::Value::Array(items)) => items
+                    .iter()
+                    .cloned()
+                    .enumerate()
+                    .map(|(i, v)| (Some(i), v))
+                    .collect(),
+                _ => {
+                    errors.push(ManifestError::Decode {
+                        file: file.to_owned(),
+                        doc_index,
+                        reason: "items of a List must be an array".to_owned(),
+                    });
+                    continue;
+                }
+            }
+        } else {
+            vec![(None, doc)]
+        };
+        for (item, value) in items {
+            let object = describe(&value);
+            match decode_object(value) {
+                Ok(Decoded::Object(o)) => objects.push(*o),
+                Ok(Decoded::Ignored { api_version, kind }) => {
+                    tracing::debug!(file = %file.display(), doc_index, %api_version, %kind, "ignoring object of a kind the proxy does not consume");
+                }
+                Err(e) => errors.push(ManifestError::Invalid {
+                    file: file.to_owned(),
+                    doc_index,
+                    item,
+                    object,
+                    reason: e.to_string(),
+                }),
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(objects)
+    } else {
+        Err(errors)
+    }
+}
+
+/// `Kind namespace/name` for error messages, from whatever the document has.
+fn describe(v: &serde_json::Value) -> String {
+    let get = |p: &str| v.pointer(p).and_then(|x| x.as_str()).unwrap_or("");
+    let kind = match get("/kind") {
+        "" => "object",
+        k => k,
+    };
+    match (get("/metadata/namespace"), get("/metadata/name")) {
+        (_, "") => kind.to_owned(),
+        ("", name) => format!("{kind} {name}"),
+        (ns, name) => format!("{kind} {ns}/{name}"),
+    }
+}
+
+/// Splits a file into non-empty documents with their index in the file.
+fn split_documents(
+    file: &Path,
+    content: &str,
+) -> Result<Vec<(usize, serde_json::Value)>, ManifestError> {
+    let is_json = file.extension().is_some_and(|e| e == "json");
+    if is_json {
+        return serde_json::from_str(content)
+            .map(|v| vec![(0, v)])
+            .map_err(|e| ManifestError::Decode {
+                file: file.to_owned(),
+                doc_index: 0,
+                reason: e.to_string(),
+            });
+    }
+    let mut docs = Vec::new();
+    for (doc_index, de) in serde_yaml::Deserializer::from_str(content).enumerate() {
+        let value = serde_json::Value::deserialize(de).map_err(|e| ManifestError::Decode {
+            file: file.to_owned(),
+            doc_index,
+            reason: e.to_string(),
+        })?;
+        match value {
+            serde_json::Value::Null => {} // empty document, e.g. a trailing `---`
+            serde_json::Value::Object(_) => docs.push((doc_index, value)),
+            _ => {
+                return Err(ManifestError::Decode {
+                    file: file.to_owned(),
+                    doc_index,
+                    reason: "a manifest document must be a mapping".to_owned(),
+                })
+            }
+        }
+    }
+    Ok(docs)
+}
+
+#[derive(Debug, Default)]
+struct FileEntry {
+    /// Hash of the content last read (good or bad), to skip unchanged files.
+    fingerprint: u64,
+    /// Objects of the last good version; empty if none was ever good.
+    objects: Vec<Object>,
+}
+
+/// The manifests of one directory, each file at its last good version.
+#[derive(Debug)]
+pub struct ManifestDir {
+    dir: PathBuf,
+    files: BTreeMap<PathBuf, FileEntry>,
+}
+
+impl ManifestDir {
+    /// Checks that the directory exists and holds at least one manifest.
+    pub fn open(dir: &Path) -> Result<Self, FileSourceError> {
+        let meta = std::fs::metadata(dir).map_err(|e| FileSourceError::Directory {
+            dir: dir.to_owned(),
+            reason: e.to_string(),
+        })?;
+        if !meta.is_dir() {
+            return Err(FileSourceError::Directory {
+                dir: dir.to_owned(),
+                reason: "not a directory".to_owned(),
+            });
+        }
+        let this = Self {
+            dir: dir.to_owned(),
+            files: BTreeMap::new(),
+        };
+        if this.list().map_err(|e| FileSourceError::Directory {
+            dir: dir.to_owned(),
+            reason: e.to_string(),
+        })?
+        .is_empty()
+        {
+            return Err(FileSourceError::Empty {
+                dir: dir.to_owned(),
+            });
+        }
+        Ok(this)
+    }
+
+    fn list(&self) -> std::io::Result<Vec<PathBuf>> {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            let hidden = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_none_or(|n| n.starts_with('.'));
+            let manifest = path
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| EXTENSIONS.contains(&e));
+            // `is_file` follows symlinks (ConfigMap volumes are symlinks).
+            if !hidden && manifest && path.is_file() {
+                files.push(path);
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+
+    /// Re-reads changed files. Returns the errors of files that changed and
+    /// failed (each failing version is reported once).
+    pub fn rescan(&mut self) -> Vec<ManifestError> {
+        let mut errors = Vec::new();
+        let listed = match self.list() {
+            Ok(l) => l,
+            Err(e) => {
+                // Keep everything as it was: a vanished directory is far more
+                // likely a mount hiccup than a wish to drop every service.
+                errors.push(ManifestError::Read {
+                    file: self.dir.clone(),
+                    reason: e.to_string(),
+                });
+                return errors;
+            }
+        };
+        self.files.retain(|path, _| listed.contains(path));
+        for path in listed {
+            let content = match std::fs::read_to_string(&path) {
+                Ok(c) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    self.files.remove(&path);
+                    continue;
+                }
+                Err(e) => {
+                    errors.push(ManifestError::Read {
+                        file: path.clone(),
+                        reason: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            let fingerprint = {
+                let mut h = DefaultHasher::new();
+                content.hash(&mut h);
+                h.finish()
+            };
+            let entry = self.files.entry(path.clone()).or_default();
+            if entry.fingerprint == fingerprint && fingerprint != 0 {
+                continue;
+            }
+            entry.fingerprint = fingerprint;
+            match parse_manifest(&path, &content) {
+                Ok(objects) => entry.objects = objects,
+                Err(errs) => errors.extend(errs),
+            }
+        }
+        errors
+    }
+
+    /// The merged state of every file; on a duplicate object the file that
+    /// sorts last wins.
+    pub fn cluster_state(&self) -> ClusterState {
+        let mut state = ClusterState::default();
+        let mut origin: BTreeMap<crate::model::ObjectRef, &Path> = BTreeMap::new();
+        for (path, entry) in &self.files {
+            for o in &entry.objects {
+                let r = o.object_ref();
+                if let Some(prev) = origin.insert(r.clone(), path) {
+                    tracing::warn!(object = %r, first = %prev.display(), second = %path.display(), "object defined twice; the later file wins");
+                }
+                state.apply(Change::Upsert(o.clone()));
+            }
+        }
+        state
+    }
+}
+
+/// Runs the file source until `cancel` fires: an initial read (then
+/// `Synced`), then a re-read on every directory change.
+pub async fn run(
+    mut manifests: ManifestDir,
+    tx: SourceSender,
+    cancel: CancellationToken,
+) -> Result<(), FileSourceError> {
+    let dir = manifests.dir.clone();
+    let (event_tx, mut event_rx) = mpsc::channel::<()>(1);
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        if res.is_ok() {
+            // A full channel already means "re-read pending".
+            let _ = event_tx.try_send(());
+        }
+    })
+    .map_err(|e| FileSourceError::Watch {
+        dir: dir.clone(),
+        reason: e.to_string(),
+    })?;
+    watcher
+        .watch(&dir, RecursiveMode::NonRecursive)
+        .map_err(|e| FileSourceError::Watch {
+            dir: dir.clone(),
+            reason: e.to_string(),
+        })?;
+
+    let mut current = ClusterState::default();
+    let mut first = true;
+    loop {
+        let errors = manifests.rescan();
+        for e in &errors {
+            tracing::error!(error = %e, "manifest not applied; keeping the last good version of the file");
+        }
+        if !errors.is_empty() {
+            let _ = tx.send(SourceMessage::Errors(errors)).await;
+        }
+        let next = manifests.cluster_state();
+        let changes = current.diff(&next);
+        current = next;
+        if !changes.is_empty() && tx.send(SourceMessage::Changes(changes)).await.is_err() {
+            return Ok(());
+        }
+        if first {
+            first = false;
+            tracing::info!(dir = %dir.display(), objects = current.objects().count(), "file source synced");
+            if tx.send(SourceMessage::Synced).await.is_err() {
+                return Ok(());
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            ev = event_rx.recv() => {
+                if ev.is_none() {
+                    return Ok(());
+                }
+                tokio::time::sleep(DEBOUNCE).await;
+                while event_rx.try_recv().is_ok() {}
+            }
+            _ = tokio::time::sleep(RESCAN_INTERVAL) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";
+
+    #[test]
+    fn multi_document_yaml_and_lists_are_read() {
+        let content = format!(
+            "{SVC}---\napiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata: {{name: n1}}\n---\n"
+        );
+        let objects = parse_manifest(Path::new("a.yaml"), &content).unwrap();
+        assert_eq!(objects.len(), 2);
+    }
+
+    #[test]
+    fn errors_carry_file_document_and_reason() {
+        let content = format!("{SVC}---\napiVersion: v1\nkind: Service\nmetadata: {{name: bad}}\nspec: {{ports: [{{port: 0}}]}}\n");
+        let errs = parse_manifest(Path::new("m.yaml"), &content).unwrap_err();
+        assert_eq!(errs.len(), 1);
+        let msg = errs[0].to_string();
+        assert!(msg.starts_with("m.yaml: document 1: invalid Service bad:"), "{msg}");
+        assert!(msg.contains("spec.ports[0].port"), "{msg}");
+
+        let errs = parse_manifest(Path::new("m.yaml"), "a: [b\n").unwrap_err();
+        assert!(matches!(errs[0], ManifestError::Decode { doc_index: 0, .. }), "{errs:?}");
+    }
+
+    #[test]
+    fn a_broken_file_keeps_its_last_good_version_and_others_apply() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), SVC).unwrap();
+        std::fs::write(dir.path().join("b.json"), r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"}}"#).unwrap();
+        let mut m = ManifestDir::open(dir.path()).unwrap();
+        assert!(m.rescan().is_empty());
+        assert_eq!(m.cluster_state().services.len(), 1);
+
+        std::fs::write(dir.path().join("a.yaml"), "kind: Service\n  bad: indent").unwrap();
+        std::fs::remove_file(dir.path().join("b.json")).unwrap();
+        let errors = m.rescan();
+        assert_eq!(errors.len(), 1);
+        let state = m.cluster_state();
+        assert_eq!(state.services.len(), 1, "last good a.yaml stays");
+        assert!(state.nodes.is_empty(), "removed file is dropped");
+        assert!(m.rescan().is_empty(), "an unchanged broken file is reported once");
+    }
+
+    #[test]
+    fn missing_or_empty_directory_is_a_startup_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = ManifestDir::open(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("no .yaml, .yml or .json files"), "{err}");
+        let err = ManifestDir::open(&dir.path().join("nope")).unwrap_err();
+        assert!(err.to_string().starts_with("--manifests "), "{err}");
+    }
+}

@@ -1,0 +1,29 @@
+//! Sources turn the outside world into [`SourceMessage`]s: typed object
+//! changes, a `Synced` mark once the initial list is complete, and the
+//! errors they ran into (for logs and metrics).
+
+pub mod file;
+pub mod objects;
+
+use tokio::sync::mpsc;
+
+use crate::model::Change;
+
+#[derive(Debug)]
+pub enum SourceMessage {
+    /// Object changes, applied together.
+    Changes(Vec<Change>),
+    /// The initial list is complete: from now on the state is whole.
+    Synced,
+    /// Manifests or objects that were rejected (the last good state stays).
+    Errors(Vec<file::ManifestError>),
+}
+
+pub type SourceSender = mpsc::Sender<SourceMessage>;
+pub type SourceReceiver = mpsc::Receiver<SourceMessage>;
+
+/// Channel between a source and the syncer; bounded so a runaway source
+/// waits for the syncer instead of growing memory.
+pub fn channel() -> (SourceSender, SourceReceiver) {
+    mpsc::channel(64)
+}

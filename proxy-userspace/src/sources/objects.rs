@@ -1,0 +1,573 @@
+//! API objects (k8s-openapi types, or raw JSON/YAML documents) into the
+//! validated model types. This is the one place where objects are checked;
+//! an object that fails here never reaches the model.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::net::Cidr;
+use crate::model::{
+    AddressType, ConditionStatus, Endpoint, EndpointSlice, EndpointSlicePort,
+    LoadBalancerIngress, Node, Object, ObjectKey, Pod, PodCondition, Protocol, Service,
+    ServicePort, ServiceType, TargetPort, TargetRef, Timestamp, TrafficPolicy,
+    DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+};
+
+/// Annotation with the time of the change that triggered an EndpointSlice
+/// update (used for network programming latency).
+pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+/// Annotation marking the mirror pod of a static pod.
+pub const ANNOTATION_CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
+
+/// Why an object was rejected: the offending field and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct ObjectError {
+    pub field: String,
+    pub reason: String,
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ObjectError {
+    ObjectError {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Outcome of decoding one document.
+#[derive(Debug)]
+pub enum Decoded {
+    Object(Box<Object>),
+    /// A kind the proxy does not consume (Deployment, ConfigMap, ...).
+    Ignored { api_version: String, kind: String },
+}
+
+/// Decodes one JSON value holding a Service, EndpointSlice, Node or Pod.
+/// `List` documents are expanded by the caller.
+pub fn decode_object(value: serde_json::Value) -> Result<Decoded, ObjectError> {
+    let api_version = str_field(&value, "apiVersion")?;
+    let kind = str_field(&value, "kind")?;
+    fn typed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, ObjectError> {
+        serde_json::from_value(v).map_err(|e| invalid("object", e.to_string()))
+    }
+    let object = match (api_version.as_str(), kind.as_str()) {
+        ("v1", "Service") => Object::Service(service(typed(value)?)?),
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            Object::EndpointSlice(endpoint_slice(typed(value)?)?)
+        }
+        ("v1", "Node") => Object::Node(node(typed(value)?)?),
+        ("v1", "Pod") => Object::Pod(pod(typed(value)?)?),
+        (_, "Service" | "EndpointSlice" | "Node" | "Pod") => {
+            return Err(invalid(
+                "apiVersion",
+                format!("{api_version:?} is not supported for kind {kind}"),
+            ))
+        }
+        _ => return Ok(Decoded::Ignored { api_version, kind }),
+    };
+    Ok(Decoded::Object(Box::new(object)))
+}
+
+fn str_field(value: &serde_json::Value, name: &str) -> Result<String, ObjectError> {
+    match value.get(name) {
+        Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(_) => Err(invalid(name, "must be a non-empty string")),
+        None => Err(invalid(name, "is required")),
+    }
+}
+
+fn key(meta: &ObjectMeta) -> Result<ObjectKey, ObjectError> {
+    let name = meta
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| invalid("metadata.name", "is required"))?;
+    let namespace = meta
+        .namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "default".to_owned());
+    Ok(ObjectKey { namespace, name })
+}
+
+fn parse_ip(field: &str, s: &str) -> Result<IpAddr, ObjectError> {
+    s.trim()
+        .parse()
+        .map_err(|_| invalid(field, format!("{s:?} is not a valid IP address")))
+}
+
+fn protocol(field: &str, p: Option<&str>) -> Result<Protocol, ObjectError> {
+    match p.unwrap_or("TCP") {
+        "TCP" => Ok(Protocol::Tcp),
+        "UDP" => Ok(Protocol::Udp),
+        "SCTP" => Ok(Protocol::Sctp),
+        other => Err(invalid(
+            field,
+            format!("unsupported protocol {other:?} (TCP, UDP or SCTP)"),
+        )),
+    }
+}
+
+fn port_number(field: &str, n: i32, allow_zero: bool) -> Result<u16, ObjectError> {
+    let min = if allow_zero { 0 } else { 1 };
+    if (min..=65535).contains(&n) {
+        // In range, so the conversion cannot fail.
+        Ok(u16::try_from(n).unwrap_or_default())
+    } else {
+        Err(invalid(field, format!("{n} is not a valid port number")))
+    }
+}
+
+fn traffic_policy(field: &str, p: Option<&str>) -> Result<TrafficPolicy, ObjectError> {
+    match p {
+        None | Some("") | Some("Cluster") => Ok(TrafficPolicy::Cluster),
+        Some("Local") => Ok(TrafficPolicy::Local),
+        Some(other) => Err(invalid(
+            field,
+            format!("{other:?} is not a traffic policy (Cluster or Local)"),
+        )),
+    }
+}
+
+fn validate_cidr(field: &str, cidr: &str) -> Result<String, ObjectError> {
+    cidr.parse::<Cidr>()
+        .map(|_| cidr.trim().to_owned())
+        .map_err(|reason| invalid(field, reason))
+}
+
+fn timestamp(t: &Time) -> Timestamp {
+    Timestamp {
+        seconds: t.0.timestamp(),
+        nanos: i32::try_from(t.0.timestamp_subsec_nanos()).unwrap_or(0),
+    }
+}
+
+pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
+    let key = key(&svc.metadata)?;
+    let spec = svc
+        .spec
+        .ok_or_else(|| invalid("spec", "is required for a Service"))?;
+    let service_type = match spec.type_.as_deref() {
+        None | Some("") | Some("ClusterIP") => ServiceType::ClusterIp,
+        Some("NodePort") => ServiceType::NodePort,
+        Some("LoadBalancer") => ServiceType::LoadBalancer,
+        Some("ExternalName") => ServiceType::ExternalName,
+        Some(other) => {
+            return Err(invalid(
+                "spec.type",
+                format!("unknown service type {other:?}"),
+            ))
+        }
+    };
+
+    let raw_cluster_ips: Vec<String> = match (&spec.cluster_ips, &spec.cluster_ip) {
+        (Some(ips), _) if !ips.is_empty() => ips.clone(),
+        (_, Some(ip)) => vec![ip.clone()],
+        _ => Vec::new(),
+    };
+    let mut cluster_ips = Vec::new();
+    for (i, ip) in raw_cluster_ips.iter().enumerate() {
+        if ip.is_empty() || ip == "None" {
+            continue;
+        }
+        cluster_ips.push(parse_ip(&format!("spec.clusterIPs[{i}]"), ip)?);
+    }
+    if cluster_ips.len() > 2
+        || (cluster_ips.len() == 2 && cluster_ips[0].is_ipv4() == cluster_ips[1].is_ipv4())
+    {
+        return Err(invalid(
+            "spec.clusterIPs",
+            "at most one address per IP family",
+        ));
+    }
+
+    let mut ports = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, p) in spec.ports.unwrap_or_default().into_iter().enumerate() {
+        let field = format!("spec.ports[{i}]");
+        let protocol = protocol(&format!("{field}.protocol"), p.protocol.as_deref())?;
+        let port = port_number(&format!("{field}.port"), p.port, false)?;
+        let node_port = port_number(&format!("{field}.nodePort"), p.node_port.unwrap_or(0), true)?;
+        let target_port = match p.target_port {
+            None => TargetPort::Number(port),
+            Some(IntOrString::Int(n)) => {
+                TargetPort::Number(port_number(&format!("{field}.targetPort"), n, false)?)
+            }
+            Some(IntOrString::String(s)) => match s.parse::<i32>() {
+                Ok(n) => TargetPort::Number(port_number(&format!("{field}.targetPort"), n, false)?),
+                Err(_) if !s.is_empty() => TargetPort::Name(s),
+                Err(_) => TargetPort::Number(port),
+            },
+        };
+        let name = p.name.unwrap_or_default();
+        if !seen.insert((name.clone(), protocol)) {
+            return Err(invalid(
+                format!("{field}.name"),
+                format!("duplicate port {name:?}/{protocol}"),
+            ));
+        }
+        ports.push(ServicePort {
+            name,
+            protocol,
+            port,
+            node_port,
+            target_port,
+            app_protocol: p.app_protocol,
+        });
+    }
+
+    let mut external_ips = Vec::new();
+    for (i, ip) in spec.external_ips.unwrap_or_default().iter().enumerate() {
+        external_ips.push(parse_ip(&format!("spec.externalIPs[{i}]"), ip)?);
+    }
+
+    let mut load_balancer_ingress = Vec::new();
+    let ingress = svc
+        .status
+        .and_then(|s| s.load_balancer)
+        .and_then(|lb| lb.ingress)
+        .unwrap_or_default();
+    for (i, ing) in ingress.iter().enumerate() {
+        let Some(ip) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {
+            continue; // hostname-only ingress: nothing to program
+        };
+        let field = format!("status.loadBalancer.ingress[{i}]");
+        let ip_mode_proxy = match ing.ip_mode.as_deref() {
+            None | Some("") | Some("VIP") => false,
+            Some("Proxy") => true,
+            Some(other) => {
+                return Err(invalid(
+                    format!("{field}.ipMode"),
+                    format!("{other:?} is not VIP or Proxy"),
+                ))
+            }
+        };
+        load_balancer_ingress.push(LoadBalancerIngress {
+            ip: parse_ip(&format!("{field}.ip"), ip)?,
+            ip_mode_proxy,
+        });
+    }
+
+    let session_affinity_timeout = match spec.session_affinity.as_deref() {
+        None | Some("") | Some("None") => None,
+        Some("ClientIP") => {
+            let timeout = spec
+                .session_affinity_config
+                .and_then(|c| c.client_ip)
+                .and_then(|c| c.timeout_seconds);
+            match timeout {
+                None => Some(DEFAULT_AFFINITY_TIMEOUT_SECONDS),
+                Some(t) if (1..=86400).contains(&t) => Some(t.unsigned_abs()),
+                Some(t) => {
+                    return Err(invalid(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                        format!("{t} is outside 1..=86400"),
+                    ))
+                }
+            }
+        }
+        Some(other) => {
+            return Err(invalid(
+                "spec.sessionAffinity",
+                format!("{other:?} is not None or ClientIP"),
+            ))
+        }
+    };
+
+    let mut load_balancer_source_ranges = Vec::new();
+    for (i, c) in spec
+        .load_balancer_source_ranges
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        load_balancer_source_ranges.push(validate_cidr(
+            &format!("spec.loadBalancerSourceRanges[{i}]"),
+            c,
+        )?);
+    }
+
+    Ok(Service {
+        key,
+        uid: svc.metadata.uid.unwrap_or_default(),
+        labels: svc.metadata.labels.unwrap_or_default(),
+        service_type,
+        cluster_ips,
+        external_ips,
+        load_balancer_ingress,
+        ports,
+        internal_traffic_policy: traffic_policy(
+            "spec.internalTrafficPolicy",
+            spec.internal_traffic_policy.as_deref(),
+        )?,
+        external_traffic_policy: traffic_policy(
+            "spec.externalTrafficPolicy",
+            spec.external_traffic_policy.as_deref(),
+        )?,
+        session_affinity_timeout,
+        health_check_node_port: port_number(
+            "spec.healthCheckNodePort",
+            spec.health_check_node_port.unwrap_or(0),
+            true,
+        )?,
+        traffic_distribution: spec.traffic_distribution.filter(|s| !s.is_empty()),
+        load_balancer_source_ranges,
+    })
+}
+
+pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, ObjectError> {
+    let key = key(&slice.metadata)?;
+    let address_type = match slice.address_type.as_str() {
+        "IPv4" => AddressType::Ipv4,
+        "IPv6" => AddressType::Ipv6,
+        "FQDN" => AddressType::Fqdn,
+        other => {
+            return Err(invalid(
+                "addressType",
+                format!("{other:?} is not IPv4, IPv6 or FQDN"),
+            ))
+        }
+    };
+    let mut ports = Vec::new();
+    for (i, p) in slice.ports.unwrap_or_default().into_iter().enumerate() {
+        let field = format!("ports[{i}]");
+        ports.push(EndpointSlicePort {
+            name: p.name.unwrap_or_default(),
+            protocol: protocol(&format!("{field}.protocol"), p.protocol.as_deref())?,
+            port: p
+                .port
+                .map(|n| port_number(&format!("{field}.port"), n, false))
+                .transpose()?,
+            app_protocol: p.app_protocol,
+        });
+    }
+    let mut endpoints = Vec::new();
+    if address_type != AddressType::Fqdn {
+        for (i, ep) in slice.endpoints.into_iter().enumerate() {
+            let field = format!("endpoints[{i}]");
+            let first = ep
+                .addresses
+                .first()
+                .ok_or_else(|| invalid(format!("{field}.addresses"), "must not be empty"))?;
+            let ip = parse_ip(&format!("{field}.addresses[0]"), first)?;
+            if ip.is_ipv4() != (address_type == AddressType::Ipv4) {
+                return Err(invalid(
+                    format!("{field}.addresses[0]"),
+                    format!("{ip} does not match addressType {}", slice.address_type),
+                ));
+            }
+            let conditions = ep.conditions.unwrap_or_default();
+            let hints = ep.hints.unwrap_or_default();
+            endpoints.push(Endpoint {
+                ip,
+                hostname: ep.hostname,
+                node_name: ep.node_name,
+                zone: ep.zone,
+                ready: conditions.ready,
+                serving: conditions.serving,
+                terminating: conditions.terminating,
+                hints_for_zones: hints
+                    .for_zones
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|z| z.name)
+                    .collect(),
+                hints_for_nodes: hints
+                    .for_nodes
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|n| n.name)
+                    .collect(),
+                target_ref: ep.target_ref.map(|r| TargetRef {
+                    kind: r.kind.unwrap_or_default(),
+                    namespace: r.namespace.unwrap_or_default(),
+                    name: r.name.unwrap_or_default(),
+                    uid: r.uid.unwrap_or_default(),
+                }),
+            });
+        }
+    }
+    let annotations = slice.metadata.annotations.unwrap_or_default();
+    let last_change_trigger_time = match annotations.get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME) {
+        None => None,
+        Some(t) => Some(parse_rfc3339(t).ok_or_else(|| {
+            invalid(
+                format!("metadata.annotations[{ANNOTATION_LAST_CHANGE_TRIGGER_TIME}]"),
+                format!("{t:?} is not an RFC 3339 time"),
+            )
+        })?),
+    };
+    Ok(EndpointSlice {
+        key,
+        labels: slice.metadata.labels.unwrap_or_default(),
+        address_type,
+        ports,
+        endpoints,
+        last_change_trigger_time,
+    })
+}
+
+fn parse_rfc3339(s: &str) -> Option<Timestamp> {
+    let t = k8s_openapi::chrono::DateTime::parse_from_rfc3339(s).ok()?;
+    Some(Timestamp {
+        seconds: t.timestamp(),
+        nanos: i32::try_from(t.timestamp_subsec_nanos()).unwrap_or(0),
+    })
+}
+
+pub fn node(node: core::Node) -> Result<Node, ObjectError> {
+    let name = node
+        .metadata
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| invalid("metadata.name", "is required"))?;
+    let mut addresses = Vec::new();
+    let status_addresses = node
+        .status
+        .and_then(|s| s.addresses)
+        .unwrap_or_default();
+    for (i, a) in status_addresses.iter().enumerate() {
+        if a.type_ == "InternalIP" || a.type_ == "ExternalIP" {
+            addresses.push(parse_ip(&format!("status.addresses[{i}].address"), &a.address)?);
+        }
+    }
+    Ok(Node {
+        name,
+        labels: node.metadata.labels.unwrap_or_default(),
+        deleting: node.metadata.deletion_timestamp.is_some(),
+        taint_keys: node
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| t.key)
+            .collect(),
+        addresses,
+    })
+}
+
+pub fn pod(pod: core::Pod) -> Result<Pod, ObjectError> {
+    let key = key(&pod.metadata)?;
+    let annotations: BTreeMap<String, String> = pod.metadata.annotations.unwrap_or_default();
+    let mut conditions = Vec::new();
+    let status_conditions = pod
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default();
+    for (i, c) in status_conditions.into_iter().enumerate() {
+        let status = match c.status.as_str() {
+            "True" => ConditionStatus::True,
+            "False" => ConditionStatus::False,
+            "Unknown" => ConditionStatus::Unknown,
+            other => {
+                return Err(invalid(
+                    format!("status.conditions[{i}].status"),
+                    format!("{other:?} is not True, False or Unknown"),
+                ))
+            }
+        };
+        conditions.push(PodCondition {
+            condition_type: c.type_,
+            status,
+            last_probe_time: c.last_probe_time.as_ref().map(timestamp),
+            last_transition_time: c.last_transition_time.as_ref().map(timestamp),
+            reason: c.reason.unwrap_or_default(),
+            message: c.message.unwrap_or_default(),
+        });
+    }
+    Ok(Pod {
+        key,
+        uid: pod.metadata.uid.unwrap_or_default(),
+        node_name: pod.spec.and_then(|s| s.node_name).filter(|n| !n.is_empty()),
+        static_pod: annotations.contains_key(ANNOTATION_CONFIG_MIRROR),
+        conditions,
+        deletion_timestamp: pod.metadata.deletion_timestamp.as_ref().map(timestamp),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn decode(v: serde_json::Value) -> Result<Object, ObjectError> {
+        match decode_object(v)? {
+            Decoded::Object(o) => Ok(*o),
+            Decoded::Ignored { kind, .. } => panic!("ignored {kind}"),
+        }
+    }
+
+    #[test]
+    fn service_defaults_are_filled_in() {
+        let o = decode(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web"},
+            "spec": {"clusterIP": "10.96.0.10", "sessionAffinity": "ClientIP",
+                     "ports": [{"port": 80}]}
+        }))
+        .unwrap();
+        let Object::Service(s) = o else { panic!() };
+        assert_eq!(s.key, ObjectKey::new("default", "web"));
+        assert_eq!(s.service_type, ServiceType::ClusterIp);
+        assert_eq!(s.ports[0].protocol, Protocol::Tcp);
+        assert_eq!(s.ports[0].target_port, TargetPort::Number(80));
+        assert_eq!(s.session_affinity_timeout, Some(10800));
+    }
+
+    #[test]
+    fn invalid_objects_name_the_field() {
+        let cases = [
+            (json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
+                    "spec": {"clusterIP": "10.0.0.300"}}), "spec.clusterIPs[0]"),
+            (json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
+                    "spec": {"ports": [{"port": 70000}]}}), "spec.ports[0].port"),
+            (json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
+                    "spec": {"ports": [{"port": 80, "protocol": "ICMP"}]}}), "spec.ports[0].protocol"),
+            (json!({"apiVersion": "v1", "kind": "Service", "metadata": {},
+                    "spec": {}}), "metadata.name"),
+            (json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                    "metadata": {"name": "s"}, "addressType": "IPv4",
+                    "endpoints": [{"addresses": ["fd00::1"]}]}), "endpoints[0].addresses[0]"),
+            (json!({"apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice",
+                    "metadata": {"name": "s"}}), "apiVersion"),
+            (json!({"kind": "Service"}), "apiVersion"),
+        ];
+        for (doc, field) in cases {
+            let err = decode(doc.clone()).unwrap_err();
+            assert_eq!(err.field, field, "{doc}: {err}");
+        }
+    }
+
+    #[test]
+    fn other_kinds_are_ignored() {
+        let d = decode_object(json!({"apiVersion": "apps/v1", "kind": "Deployment"})).unwrap();
+        assert!(matches!(d, Decoded::Ignored { .. }));
+    }
+
+    #[test]
+    fn slice_conditions_and_hints_are_kept_as_given() {
+        let o = decode(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "web-1", "namespace": "prod",
+                         "labels": {"kubernetes.io/service-name": "web"},
+                         "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2024-09-06T06:19:51Z"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080}],
+            "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"serving": true},
+                           "hints": {"forZones": [{"name": "a"}]}, "nodeName": "n1"}]
+        }))
+        .unwrap();
+        let Object::EndpointSlice(s) = o else { panic!() };
+        assert_eq!(s.service_key(), Some(ObjectKey::new("prod", "web")));
+        assert_eq!(s.endpoints[0].ready, None);
+        assert_eq!(s.endpoints[0].serving, Some(true));
+        assert_eq!(s.endpoints[0].hints_for_zones, vec!["a".to_owned()]);
+        assert_eq!(s.last_change_trigger_time, Some(Timestamp { seconds: 1725603591, nanos: 0 }));
+    }
+}

@@ -1,0 +1,84 @@
+//! The syncer: applies source changes to the [`ClusterState`], recomputes
+//! the [`LocalState`] and publishes it as an immutable [`Snapshot`] with a
+//! revision that only moves when the content changes (SPEC §6.1).
+//!
+//! Nothing is published before the source has synced: until then every
+//! consumer sees revision 0 ("no state").
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::model::{compute, ClusterState, LocalState, NodeContext};
+use crate::sources::{SourceMessage, SourceReceiver};
+
+/// One published LocalState. Revision 0 means "not synced yet".
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub rev: u64,
+    pub state: Arc<LocalState>,
+}
+
+impl Snapshot {
+    pub fn is_synced(&self) -> bool {
+        self.rev >= 1
+    }
+}
+
+pub type SnapshotSender = watch::Sender<Arc<Snapshot>>;
+pub type SnapshotReceiver = watch::Receiver<Arc<Snapshot>>;
+
+/// A channel whose initial value is the unsynced snapshot (rev 0).
+pub fn snapshot_channel() -> (SnapshotSender, SnapshotReceiver) {
+    watch::channel(Arc::new(Snapshot::default()))
+}
+
+/// Applies every message from `rx` until the source hangs up. Bursts are
+/// coalesced: all queued messages are applied before one recompute.
+/// Runs on its own thread because `compute` is CPU-bound.
+pub fn run(mut rx: SourceReceiver, node: NodeContext, out: SnapshotSender) {
+    let mut cluster = ClusterState::default();
+    let mut synced = false;
+    let mut rev = 0u64;
+    while let Some(first) = rx.blocking_recv() {
+        let mut dirty = false;
+        let mut msg = Some(first);
+        while let Some(m) = msg.take() {
+            match m {
+                SourceMessage::Changes(changes) => {
+                    for c in changes {
+                        dirty |= cluster.apply(c);
+                    }
+                }
+                SourceMessage::Synced => {
+                    if !synced {
+                        synced = true;
+                        dirty = true;
+                    }
+                }
+                SourceMessage::Errors(_) => {}
+            }
+            msg = rx.try_recv().ok();
+        }
+        if !synced || !dirty {
+            continue;
+        }
+        let next = compute(&cluster, &node);
+        let current = out.borrow().clone();
+        if rev >= 1 && *current.state == next {
+            tracing::debug!(rev, "recomputed state is unchanged");
+            continue;
+        }
+        rev += 1;
+        tracing::info!(
+            rev,
+            services = next.services.len(),
+            endpoints = next.endpoint_count(),
+            "new local state"
+        );
+        out.send_replace(Arc::new(Snapshot {
+            rev,
+            state: Arc::new(next),
+        }));
+    }
+}
