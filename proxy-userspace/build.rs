@@ -13,11 +13,13 @@ fn output(cmd: &str, args: &[&str]) -> Option<String> {
 
 fn main() {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
-    let rustc_version = output(&rustc, &["--version"]).unwrap_or_else(|| "rustc unknown".to_owned());
+    let rustc_version =
+        output(&rustc, &["--version"]).unwrap_or_else(|| "rustc unknown".to_owned());
     // "rustc 1.95.0 (59807616e 2026-04-14)" -> "rustc 1.95.0"
     let short: Vec<&str> = rustc_version.split_whitespace().take(2).collect();
     println!("cargo:rustc-env=EKP_RUSTC_VERSION={}", short.join(" "));
-    let commit = output("git", &["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".to_owned());
+    let commit =
+        output("git", &["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".to_owned());
     println!("cargo:rustc-env=EKP_GIT_COMMIT={commit}");
     println!("cargo:rerun-if-changed=build.rs");
     if let Some(git_dir) = output("git", &["rev-parse", "--git-dir"]) {

@@ -93,7 +93,11 @@ pub struct DaemonFlags {
     pub podinfo_socket: String,
 
     /// bpffs directory for pinned maps and links.
-    #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf/ebpf-kube-proxy")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/sys/fs/bpf/ebpf-kube-proxy"
+    )]
     pub bpffs_root: PathBuf,
 
     /// cgroup v2 directory the socket hooks attach to; empty = the cgroup v2

@@ -40,7 +40,8 @@ pub async fn localnet_watch(args: WatchArgs) -> anyhow::Result<()> {
             let mut c = client::connect(target).await?;
             loop {
                 let state = client::next(&mut c, instance_id, rev).await?;
-                print(&state, &args.client).map_err(|e| client::ClientError::Protocol(e.to_string()))?;
+                print(&state, &args.client)
+                    .map_err(|e| client::ClientError::Protocol(e.to_string()))?;
                 instance_id = state.instance_id;
                 rev = state.rev;
                 if args.once {
@@ -51,7 +52,9 @@ pub async fn localnet_watch(args: WatchArgs) -> anyhow::Result<()> {
         .await;
         match attempt {
             Ok(()) => return Ok(()),
-            Err(e) if args.once => return Err(e).with_context(|| format!("localnet watch {target}")),
+            Err(e) if args.once => {
+                return Err(e).with_context(|| format!("localnet watch {target}"))
+            }
             Err(e) => {
                 tracing::warn!(%target, error = %e, retry_in = ?backoff, "localnet watch interrupted");
                 tokio::time::sleep(backoff).await;
@@ -79,7 +82,9 @@ pub async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
     for path in [&args.localnet_socket, &args.podinfo_socket] {
         remove_stale_socket(path).await?;
     }
-    println!("cleanup complete: no eBPF programs, pins or nftables tables are created by this build");
+    println!(
+        "cleanup complete: no eBPF programs, pins or nftables tables are created by this build"
+    );
     Ok(())
 }
 

@@ -51,8 +51,13 @@ pub struct Config {
 }
 
 fn socket_addr(flag: &'static str, v: &str) -> Result<SocketAddr, ConfigError> {
-    v.parse()
-        .map_err(|_| err(flag, v, "expected IP:PORT, e.g. 127.0.0.1:12345 or [::1]:12345"))
+    v.parse().map_err(|_| {
+        err(
+            flag,
+            v,
+            "expected IP:PORT, e.g. 127.0.0.1:12345 or [::1]:12345",
+        )
+    })
 }
 
 fn optional_path(p: &str) -> Option<PathBuf> {
@@ -72,12 +77,16 @@ impl Config {
     pub fn from_flags(f: &DaemonFlags) -> Result<Self, ConfigError> {
         let node_name = match f.hostname_override.trim() {
             "" => hostname().ok_or_else(|| {
-                err("hostname-override", "", "the hostname is unknown; set this flag")
+                err(
+                    "hostname-override",
+                    "",
+                    "the hostname is unknown; set this flag",
+                )
             })?,
             name => name.to_lowercase(),
         };
-        let cluster_cidrs =
-            parse_cidr_list(&f.cluster_cidr).map_err(|r| err("cluster-cidr", &f.cluster_cidr, r))?;
+        let cluster_cidrs = parse_cidr_list(&f.cluster_cidr)
+            .map_err(|r| err("cluster-cidr", &f.cluster_cidr, r))?;
         let nodeport_addresses = parse_cidr_list(&f.nodeport_addresses)
             .map_err(|r| err("nodeport-addresses", &f.nodeport_addresses, r))?;
         let proxy_mode = match f.proxy_mode {
@@ -187,7 +196,10 @@ mod tests {
         let c = parse(&["--source", "file", "--manifests", "/m"]).unwrap();
         assert_eq!(c.node_name, "n1");
         assert_eq!(c.source, SourceConfig::File { dir: "/m".into() });
-        assert_eq!(c.localnet_bind_address, Some("127.0.0.1:12345".parse().unwrap()));
+        assert_eq!(
+            c.localnet_bind_address,
+            Some("127.0.0.1:12345".parse().unwrap())
+        );
         assert_eq!(c.sync_period, Duration::from_secs(30));
         assert_eq!(c.proxy_mode, ProxyMode::Auto);
     }
@@ -197,8 +209,14 @@ mod tests {
         let file = ["--source", "file", "--manifests", "/m"];
         let cases: &[(&[&str], &str)] = &[
             (&["--cluster-cidr", "10.0.0.0/40"], "cluster-cidr"),
-            (&["--localnet-bind-address", "localhost"], "localnet-bind-address"),
-            (&["--healthz-bind-address", "0.0.0.0"], "healthz-bind-address"),
+            (
+                &["--localnet-bind-address", "localhost"],
+                "localnet-bind-address",
+            ),
+            (
+                &["--healthz-bind-address", "0.0.0.0"],
+                "healthz-bind-address",
+            ),
             (&["--sync-period", "10 parsecs"], "sync-period"),
             (&["--sync-period", "0s"], "sync-period"),
             (&["--proxy-mode", "ebpf"], "proxy-mode"),

@@ -25,7 +25,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         SourceConfig::Kube => anyhow::bail!("--source kube is not available in this build"),
     };
     let datapath = select_datapath(config.proxy_mode);
-    let listeners = Listeners::bind(config.localnet_bind_address, config.localnet_socket.as_deref()).await?;
+    let listeners = Listeners::bind(
+        config.localnet_bind_address,
+        config.localnet_socket.as_deref(),
+    )
+    .await?;
 
     let (source_tx, source_rx) = sources::channel();
     let (snapshot_tx, snapshot_rx) = sync::snapshot_channel();
@@ -56,7 +60,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 .context("file source")
         });
     }
-    tasks.spawn(run_datapath(datapath, snapshot_rx.clone(), shutdown.clone()));
+    tasks.spawn(run_datapath(
+        datapath,
+        snapshot_rx.clone(),
+        shutdown.clone(),
+    ));
     {
         let service = LocalnetService::new(instance_id, snapshot_rx, shutdown.clone());
         let cancel = shutdown.clone();
@@ -118,7 +126,9 @@ async fn run_datapath(
                     tracing::debug!(rev = snapshot.rev, mode = %datapath.mode(), services_changed = stats.services_changed, elapsed = ?started.elapsed(), "datapath applied");
                     programmed = snapshot.state.clone();
                 }
-                Err(e) => tracing::error!(rev = snapshot.rev, error = %e, "datapath apply failed; will retry with the next state"),
+                Err(e) => {
+                    tracing::error!(rev = snapshot.rev, error = %e, "datapath apply failed; will retry with the next state")
+                }
             }
         }
         tokio::select! {

@@ -61,7 +61,10 @@ pub trait Datapath: Send {
 /// Number of services whose content differs between two sorted states.
 pub fn changed_services(prev: &LocalState, next: &LocalState) -> usize {
     let mut changed = 0;
-    let (mut a, mut b) = (prev.services.iter().peekable(), next.services.iter().peekable());
+    let (mut a, mut b) = (
+        prev.services.iter().peekable(),
+        next.services.iter().peekable(),
+    );
     loop {
         match (a.peek(), b.peek()) {
             (None, None) => return changed,

@@ -4,9 +4,7 @@
 
 use proto::localnet::v1 as pb;
 
-use crate::model::{
-    self, IpSet, LocalServiceType, Protocol, ServiceEndpoints, TrafficPolicy,
-};
+use crate::model::{self, IpSet, LocalServiceType, Protocol, ServiceEndpoints, TrafficPolicy};
 
 pub fn service_endpoints(s: &ServiceEndpoints) -> pb::ServiceEndpoints {
     let ServiceEndpoints {

@@ -23,12 +23,14 @@ pub fn render(state: &State, format: OutputFormat) -> Result<String, RenderError
     match format {
         OutputFormat::Text => Ok(text(state)),
         OutputFormat::Json => {
-            let mut s = serde_json::to_string(&structured(state)?).map_err(|e| RenderError(e.to_string()))?;
+            let mut s = serde_json::to_string(&structured(state)?)
+                .map_err(|e| RenderError(e.to_string()))?;
             s.push('\n');
             Ok(s)
         }
         OutputFormat::Yaml => {
-            let body = serde_yaml::to_string(&structured(state)?).map_err(|e| RenderError(e.to_string()))?;
+            let body = serde_yaml::to_string(&structured(state)?)
+                .map_err(|e| RenderError(e.to_string()))?;
             Ok(format!("---\n{body}"))
         }
     }
@@ -116,7 +118,10 @@ fn text(state: &State) -> String {
         let _ = write!(line, " [{}]", ports.join(", "));
         for (label, set) in [
             ("externalIPs", addrs.and_then(|i| i.external_ips.as_ref())),
-            ("loadBalancerIPs", addrs.and_then(|i| i.load_balancer_ips.as_ref())),
+            (
+                "loadBalancerIPs",
+                addrs.and_then(|i| i.load_balancer_ips.as_ref()),
+            ),
         ] {
             let list = ips(set);
             if !list.is_empty() {
@@ -129,8 +134,10 @@ fn text(state: &State) -> String {
             policy(svc.internal_traffic_policy),
             policy(svc.external_traffic_policy)
         );
-        if let Some(pb::session_affinity::Affinity::ClientIp(a)) =
-            svc.session_affinity.as_ref().and_then(|a| a.affinity.as_ref())
+        if let Some(pb::session_affinity::Affinity::ClientIp(a)) = svc
+            .session_affinity
+            .as_ref()
+            .and_then(|a| a.affinity.as_ref())
         {
             let _ = write!(line, " affinity=ClientIP/{}s", a.timeout_seconds);
         }
@@ -146,7 +153,7 @@ fn text(state: &State) -> String {
         out.push_str(&line);
         out.push('\n');
         for ep in &se.endpoints {
-            let c = ep.conditions.clone().unwrap_or_default();
+            let c = ep.conditions.unwrap_or_default();
             let condition = if c.ready {
                 "ready"
             } else if c.serving && c.terminating {
@@ -167,7 +174,7 @@ fn text(state: &State) -> String {
                 let _ = write!(l, " zone={}", ep.zone);
             }
             for p in &ep.ports {
-                let s = p.scopes.clone().unwrap_or_default();
+                let s = p.scopes.unwrap_or_default();
                 let scopes: Vec<&str> = [
                     (s.cluster, "cluster"),
                     (s.local, "local"),

@@ -94,7 +94,11 @@ pub struct LocalnetService {
 impl LocalnetService {
     /// Starts converting snapshots into frames (a task that ends with the
     /// snapshot channel or `shutdown`).
-    pub fn new(instance_id: u64, mut snapshots: SnapshotReceiver, shutdown: CancellationToken) -> Self {
+    pub fn new(
+        instance_id: u64,
+        mut snapshots: SnapshotReceiver,
+        shutdown: CancellationToken,
+    ) -> Self {
         let (frame_tx, frames) = watch::channel(Arc::new(Frame::default()));
         let cancel = shutdown.clone();
         tokio::spawn(async move {
@@ -102,12 +106,15 @@ impl LocalnetService {
                 let snapshot = snapshots.borrow_and_update().clone();
                 if snapshot.is_synced() {
                     // Conversion is CPU work proportional to the state size.
-                    let frame = tokio::task::spawn_blocking(move || Frame::from_snapshot(&snapshot)).await;
+                    let frame =
+                        tokio::task::spawn_blocking(move || Frame::from_snapshot(&snapshot)).await;
                     match frame {
                         Ok(f) => {
                             frame_tx.send_replace(Arc::new(f));
                         }
-                        Err(e) => tracing::error!(error = %e, "converting the state for localnet failed"),
+                        Err(e) => {
+                            tracing::error!(error = %e, "converting the state for localnet failed")
+                        }
                     }
                 }
                 tokio::select! {
@@ -154,9 +161,18 @@ impl Endpoints for LocalnetService {
     type NextStream = ItemStream<pb::NextItem>;
     type WatchStream = ItemStream<pb::WatchEvent>;
 
-    async fn next(&self, request: Request<pb::NextFilter>) -> Result<Response<Self::NextStream>, Status> {
+    async fn next(
+        &self,
+        request: Request<pb::NextFilter>,
+    ) -> Result<Response<Self::NextStream>, Status> {
+        let deadline = grpc_timeout(request.metadata());
         let pb::NextFilter { instance_id, rev } = request.into_inner();
-        let frame = self.wait_for_frame(instance_id, rev).await?;
+        let frame = match deadline {
+            None => self.wait_for_frame(instance_id, rev).await?,
+            Some(d) => tokio::time::timeout(d, self.wait_for_frame(instance_id, rev))
+                .await
+                .map_err(|_| Status::deadline_exceeded("no new state before the deadline"))??,
+        };
         let head = pb::NextItem {
             item: Some(pb::next_item::Item::Next(pb::NextFilter {
                 instance_id: self.instance_id,
@@ -173,13 +189,21 @@ impl Endpoints for LocalnetService {
         Ok(Response::new(Box::pin(tokio_stream::iter(items))))
     }
 
-    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
         let pb::WatchRequest { instance_id, rev } = request.into_inner();
-        let first = self.wait_for_frame(instance_id, rev).await;
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         let this = self.clone();
         let mut frames = self.frames.clone();
+        // Headers go out at once; the first frame follows when there is one
+        // the client does not hold yet.
         tokio::spawn(async move {
+            let first = tokio::select! {
+                f = this.wait_for_frame(instance_id, rev) => f,
+                _ = tx.closed() => return,
+            };
             let mut sent_rev = match first {
                 Ok(frame) => {
                     if send_frame(&tx, this.instance_id, &frame).await.is_err() {
@@ -199,7 +223,9 @@ impl Endpoints for LocalnetService {
                     r = frames.wait_for(|f| f.rev != sent_rev && f.rev >= 1) => r.ok().map(|f| f.clone()),
                 };
                 let Some(frame) = changed else {
-                    let _ = tx.send(Err(Status::unavailable("server shutting down"))).await;
+                    let _ = tx
+                        .send(Err(Status::unavailable("server shutting down")))
+                        .await;
                     return;
                 };
                 if send_frame(&tx, this.instance_id, &frame).await.is_err() {
@@ -210,6 +236,29 @@ impl Endpoints for LocalnetService {
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
+}
+
+/// The client's deadline from the `grpc-timeout` header, shortened a little.
+///
+/// tonic's transport also enforces that header but answers CANCELLED; a
+/// long poll that simply found nothing new within the deadline is
+/// DEADLINE_EXCEEDED in gRPC's status semantics, so the handler ends the
+/// wait itself just before the transport would.
+fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let v = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    let d = match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    };
+    Some(d.saturating_sub((d / 50).max(Duration::from_millis(2))))
 }
 
 /// Sends `begin`, every service, `end`. Fails when the client went away.
@@ -227,9 +276,13 @@ async fn send_frame(
     });
     tx.send(event(begin)).await.map_err(drop)?;
     for s in &frame.services {
-        tx.send(event(Event::Service(s.clone()))).await.map_err(drop)?;
+        tx.send(event(Event::Service(s.clone())))
+            .await
+            .map_err(drop)?;
     }
-    tx.send(event(Event::End(pb::StateEnd {}))).await.map_err(drop)
+    tx.send(event(Event::End(pb::StateEnd {})))
+        .await
+        .map_err(drop)
 }
 
 /// Bound listeners; binding happens before anything is served, so a bad
@@ -242,22 +295,30 @@ pub struct Listeners {
 impl Listeners {
     /// Binds the TCP address and the unix socket (mode 0660, parent
     /// directory created, a stale socket file replaced). `None` disables one.
-    pub async fn bind(tcp: Option<SocketAddr>, socket: Option<&Path>) -> Result<Self, LocalnetError> {
+    pub async fn bind(
+        tcp: Option<SocketAddr>,
+        socket: Option<&Path>,
+    ) -> Result<Self, LocalnetError> {
         let tcp = match tcp {
             Some(addr) => {
                 let l = TcpListener::bind(addr)
                     .await
                     .map_err(|source| LocalnetError::BindTcp { addr, source })?;
-                let local = l.local_addr().map_err(|source| LocalnetError::BindTcp { addr, source })?;
+                let local = l
+                    .local_addr()
+                    .map_err(|source| LocalnetError::BindTcp { addr, source })?;
                 Some((local, l))
             }
             None => None,
         };
         let unix = match socket {
-            Some(path) => Some((path.to_owned(), bind_unix(path).map_err(|source| LocalnetError::BindUnix {
-                path: path.to_owned(),
-                source,
-            })?)),
+            Some(path) => Some((
+                path.to_owned(),
+                bind_unix(path).map_err(|source| LocalnetError::BindUnix {
+                    path: path.to_owned(),
+                    source,
+                })?,
+            )),
             None => None,
         };
         Ok(Self { tcp, unix })
@@ -268,10 +329,15 @@ impl Listeners {
     }
 
     /// Serves until `shutdown`; removes the unix socket file afterwards.
-    pub async fn serve(self, service: LocalnetService, shutdown: CancellationToken) -> Result<(), LocalnetError> {
+    pub async fn serve(
+        self,
+        service: LocalnetService,
+        shutdown: CancellationToken,
+    ) -> Result<(), LocalnetError> {
         let mut tasks = tokio::task::JoinSet::new();
         if let Some((addr, l)) = self.tcp {
-            let router = tonic::transport::Server::builder().add_service(service.clone().into_server());
+            let router =
+                tonic::transport::Server::builder().add_service(service.clone().into_server());
             let stop = shutdown.clone();
             tracing::info!(%addr, "localnet API listening");
             tasks.spawn(async move {
@@ -282,12 +348,16 @@ impl Listeners {
         }
         let socket_path = self.unix.as_ref().map(|(p, _)| p.clone());
         if let Some((path, l)) = self.unix {
-            let router = tonic::transport::Server::builder().add_service(service.clone().into_server());
+            let router =
+                tonic::transport::Server::builder().add_service(service.clone().into_server());
             let stop = shutdown.clone();
             tracing::info!(path = %path.display(), "localnet API listening");
             tasks.spawn(async move {
                 router
-                    .serve_with_incoming_shutdown(UnixListenerStream::new(l), stop.cancelled_owned())
+                    .serve_with_incoming_shutdown(
+                        UnixListenerStream::new(l),
+                        stop.cancelled_owned(),
+                    )
                     .await
             });
         }

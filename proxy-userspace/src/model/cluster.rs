@@ -381,7 +381,11 @@ impl ClusterState {
     /// Every object, in kind then key order.
     pub fn objects(&self) -> impl Iterator<Item = Object> + '_ {
         let services = self.services.values().cloned().map(Object::Service);
-        let slices = self.endpoint_slices.values().cloned().map(Object::EndpointSlice);
+        let slices = self
+            .endpoint_slices
+            .values()
+            .cloned()
+            .map(Object::EndpointSlice);
         let nodes = self.nodes.values().cloned().map(Object::Node);
         let pods = self.pods.values().cloned().map(Object::Pod);
         services.chain(slices).chain(nodes).chain(pods)

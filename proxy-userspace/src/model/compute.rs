@@ -11,8 +11,9 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use super::cluster::{
-    ClusterState, Endpoint, EndpointSlice, IpFamily, Node, ObjectKey, Service, ServicePort,
-    ServiceType, TargetPort, TrafficPolicy, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME,
+    AddressType, ClusterState, Endpoint, EndpointSlice, IpFamily, Node, Service, ServicePort,
+    ServiceType, TargetPort, TrafficPolicy, LABEL_HEADLESS, LABEL_SERVICE_NAME,
+    LABEL_SERVICE_PROXY_NAME,
 };
 use super::local::{
     EndpointConditions, EndpointHints, EndpointPort, EndpointScopes, IpSet, LocalEndpoint,
@@ -49,7 +50,7 @@ pub fn compute(cluster: &ClusterState, node: &NodeContext) -> LocalState {
         .filter(|svc| is_proxied(svc))
         .filter_map(|svc| {
             let slices = slices_by_service
-                .get(&svc.key)
+                .get(&(svc.key.namespace.as_str(), svc.key.name.as_str()))
                 .map(Vec::as_slice)
                 .unwrap_or_default();
             service_endpoints(svc, slices, &env, node.synthesize_hints)
@@ -78,21 +79,24 @@ fn is_proxied(svc: &Service) -> bool {
 /// `endpoint_slices` iterates in (namespace, name) order and a slice only
 /// ever belongs to a Service of its own namespace, every group ends up in
 /// slice-name order, which the duplicate rule (SPEC §8.2) relies on.
-fn index_slices(cluster: &ClusterState) -> HashMap<ObjectKey, Vec<&EndpointSlice>> {
-    let mut index: HashMap<ObjectKey, Vec<&EndpointSlice>> = HashMap::new();
+///
+/// The key is the owner [`EndpointSlice::service_key`] names, borrowed
+/// rather than allocated: this runs for every slice on every recompute.
+/// Groups of unknown or skipped Services are simply never looked up.
+fn index_slices(cluster: &ClusterState) -> HashMap<(&str, &str), Vec<&EndpointSlice>> {
+    let mut index: HashMap<(&str, &str), Vec<&EndpointSlice>> =
+        HashMap::with_capacity(cluster.services.len());
     for slice in cluster.endpoint_slices.values() {
-        if slice.address_type == super::cluster::AddressType::Fqdn
-            || slice.labels.contains_key(LABEL_HEADLESS)
-        {
+        if slice.address_type == AddressType::Fqdn || slice.labels.contains_key(LABEL_HEADLESS) {
             continue;
         }
-        let Some(key) = slice.service_key() else {
+        let Some(service) = slice.labels.get(LABEL_SERVICE_NAME) else {
             continue;
         };
-        if !cluster.services.get(&key).is_some_and(is_proxied) {
-            continue;
-        }
-        index.entry(key).or_default().push(slice);
+        index
+            .entry((slice.key.namespace.as_str(), service.as_str()))
+            .or_default()
+            .push(slice);
     }
     index
 }
@@ -183,14 +187,29 @@ fn own(value: &Option<String>) -> &[String] {
     }
 }
 
-/// Everything known about one endpoint IP of a Service.
-struct IpEntry<'a> {
-    ip: IpAddr,
-    /// The copy that describes the endpoint as a whole.
-    best: Candidate<'a>,
-    /// Per sorted service port: the copy backing it and its port number.
-    backing: Vec<Option<(Candidate<'a>, u16)>>,
+/// The copy backing one service port of one IP, with its port number.
+type Backing<'a> = Option<(Candidate<'a>, u16)>;
+
+/// Every endpoint IP of a Service, sorted by IP, with per-port data kept in
+/// flat row-major tables (row = IP, column = sorted service port) so that a
+/// large Service costs a handful of allocations, not several per endpoint.
+struct Entries<'a> {
+    width: usize,
+    ips: Vec<IpAddr>,
+    /// The copy that describes each IP as a whole.
+    best: Vec<Candidate<'a>>,
+    backing: Vec<Backing<'a>>,
     scopes: Vec<EndpointScopes>,
+}
+
+impl<'a> Entries<'a> {
+    fn backing_of(&self, row: usize) -> &[Backing<'a>] {
+        &self.backing[row * self.width..(row + 1) * self.width]
+    }
+
+    fn scopes_of(&self, row: usize) -> &[EndpointScopes] {
+        &self.scopes[row * self.width..(row + 1) * self.width]
+    }
 }
 
 /// A ready copy replaces a non-ready one; otherwise the first copy stays.
@@ -214,29 +233,28 @@ fn service_endpoints(
     let synth = synthesis_for(svc, slices, synthesize_hints);
     let mut entries = collect_entries(&ports, slices, env);
 
-    for (i, port) in ports.iter().enumerate() {
+    for (column, port) in ports.iter().enumerate() {
         for family in [IpFamily::V4, IpFamily::V6] {
             if svc.cluster_ips.iter().any(|ip| IpFamily::of(ip) == family) {
-                categorise(svc, port, i, family, &mut entries, env, synth);
+                categorise(svc, port, column, family, &mut entries, env, synth);
             }
         }
     }
 
     let mut local_ready = [0u32; 2];
-    for entry in &entries {
-        let counts = entry
-            .backing
+    for (row, ip) in entries.ips.iter().enumerate() {
+        let counts = entries
+            .backing_of(row)
             .iter()
             .flatten()
             .any(|(c, _)| c.local && c.ready && !c.terminating);
         if counts {
-            local_ready[usize::from(IpFamily::of(&entry.ip) == IpFamily::V6)] += 1;
+            local_ready[usize::from(IpFamily::of(ip) == IpFamily::V6)] += 1;
         }
     }
 
-    let endpoints = entries
-        .iter()
-        .map(|entry| local_endpoint(entry, &ports, synth))
+    let endpoints = (0..entries.ips.len())
+        .map(|row| local_endpoint(&entries, row, &ports, synth))
         .collect();
     Some(ServiceEndpoints {
         service: local_service(svc, service_type, &ports),
@@ -256,44 +274,55 @@ fn sorted_ports(svc: &Service) -> Vec<&ServicePort> {
     ports
 }
 
-/// Merges all slice entries into one entry per IP, sorted by IP.
+/// Merges all slice entries into one row per IP, sorted by IP.
 fn collect_entries<'a>(
     ports: &[&ServicePort],
     slices: &[&'a EndpointSlice],
     env: &Env,
-) -> Vec<IpEntry<'a>> {
-    let mut entries: Vec<IpEntry<'a>> = Vec::new();
-    let mut by_ip: HashMap<IpAddr, usize> = HashMap::new();
+) -> Entries<'a> {
+    let width = ports.len();
+    // Row-major (slice, service port) -> endpoint port number.
+    let mut numbers: Vec<Option<u16>> = Vec::with_capacity(slices.len() * width);
+    // (ip, slice index, endpoint), pushed in slice order.
+    let mut copies: Vec<(IpAddr, usize, &'a Endpoint)> = Vec::new();
     for slice in slices {
-        let numbers: Vec<Option<u16>> = ports
-            .iter()
-            .map(|p| {
-                slice
-                    .ports
-                    .iter()
-                    .find(|sp| sp.name == p.name && sp.protocol == p.protocol && sp.port.is_some())
-                    .and_then(|sp| sp.port)
-            })
-            .collect();
-        if numbers.iter().all(Option::is_none) {
+        let row = numbers.len() / width.max(1);
+        numbers.extend(ports.iter().map(|p| {
+            slice
+                .ports
+                .iter()
+                .find(|sp| sp.name == p.name && sp.protocol == p.protocol && sp.port.is_some())
+                .and_then(|sp| sp.port)
+        }));
+        if numbers[row * width..].iter().all(Option::is_none) {
             continue;
         }
-        for ep in &slice.endpoints {
+        copies.extend(slice.endpoints.iter().map(|ep| (ep.ip, row, ep)));
+    }
+    // A stable sort keeps copies of one IP in slice order for the duplicate
+    // rule; IpAddr orders every IPv4 address before every IPv6 address.
+    copies.sort_by_key(|&(ip, _, _)| ip);
+
+    let mut entries = Entries {
+        width,
+        ips: Vec::with_capacity(copies.len()),
+        best: Vec::with_capacity(copies.len()),
+        backing: Vec::with_capacity(copies.len() * width),
+        scopes: Vec::new(),
+    };
+    for group in copies.chunk_by(|a, b| a.0 == b.0) {
+        let (ip, _, first) = group[0];
+        let mut best = Candidate::new(first, env);
+        let start = entries.backing.len();
+        entries.backing.resize(start + width, None);
+        let row = &mut entries.backing[start..];
+        for &(_, slice_row, ep) in group {
             let cand = Candidate::new(ep, env);
-            let index = *by_ip.entry(ep.ip).or_insert_with(|| {
-                entries.push(IpEntry {
-                    ip: ep.ip,
-                    best: cand,
-                    backing: vec![None; ports.len()],
-                    scopes: vec![EndpointScopes::default(); ports.len()],
-                });
-                entries.len() - 1
-            });
-            let entry = &mut entries[index];
-            if prefer(&entry.best, &cand) {
-                entry.best = cand;
+            if prefer(&best, &cand) {
+                best = cand;
             }
-            for (slot, number) in entry.backing.iter_mut().zip(&numbers) {
+            let slice_numbers = &numbers[slice_row * width..(slice_row + 1) * width];
+            for (slot, number) in row.iter_mut().zip(slice_numbers) {
                 let Some(number) = *number else { continue };
                 match slot {
                     Some((current, _)) if !prefer(current, &cand) => {}
@@ -301,9 +330,10 @@ fn collect_entries<'a>(
                 }
             }
         }
+        entries.ips.push(ip);
+        entries.best.push(best);
     }
-    // IpAddr orders every IPv4 address before every IPv6 address.
-    entries.sort_unstable_by_key(|e| e.ip);
+    entries.scopes = vec![EndpointScopes::default(); entries.backing.len()];
     entries
 }
 
@@ -315,7 +345,7 @@ enum Topology {
 }
 
 fn topology_mode<'a>(
-    ready: impl Iterator<Item = &'a Candidate<'a>>,
+    ready: impl Iterator<Item = Candidate<'a>>,
     env: &Env,
     synth: Synthesis,
 ) -> Topology {
@@ -358,14 +388,14 @@ fn topology_admits(mode: Topology, cand: &Candidate, env: &Env, synth: Synthesis
     }
 }
 
-/// Fills the scopes of service port `index` for the endpoints of `family`
+/// Fills the scopes of service port `column` for the endpoints of `family`
 /// (SPEC §8.3–§8.5).
 fn categorise(
     svc: &Service,
     port: &ServicePort,
-    index: usize,
+    column: usize,
     family: IpFamily,
-    entries: &mut [IpEntry],
+    entries: &mut Entries,
     env: &Env,
     synth: Synthesis,
 ) {
@@ -381,63 +411,66 @@ fn categorise(
     let uses_cluster = !internal_local || externally_accessible;
     let uses_local = internal_local || external_local;
 
+    // (cell index, copy) of every endpoint of this family backing the port.
     let members: Vec<(usize, Candidate)> = entries
+        .ips
         .iter()
         .enumerate()
-        .filter(|(_, e)| IpFamily::of(&e.ip) == family)
-        .filter_map(|(i, e)| e.backing[index].map(|(c, _)| (i, c)))
+        .filter(|(_, ip)| IpFamily::of(ip) == family)
+        .filter_map(|(row, _)| {
+            let cell = row * entries.width + column;
+            entries.backing[cell].map(|(c, _)| (cell, c))
+        })
         .collect();
+    let scopes = &mut entries.scopes;
 
-    let mut cluster = vec![false; members.len()];
     if uses_cluster {
         let mode = topology_mode(
-            members.iter().map(|(_, c)| c).filter(|c| c.ready),
+            members.iter().map(|&(_, c)| c).filter(|c| c.ready),
             env,
             synth,
         );
-        pick(&mut cluster, &members, |c| {
-            c.ready && topology_admits(mode, c, env, synth)
-        });
-        pick_if_empty(&mut cluster, &members, |c| c.serving_terminating());
+        let mut any = false;
+        for (cell, c) in &members {
+            scopes[*cell].cluster = c.ready && topology_admits(mode, c, env, synth);
+            any |= scopes[*cell].cluster;
+        }
+        if !any {
+            for (cell, c) in &members {
+                scopes[*cell].cluster = c.serving_terminating();
+            }
+        }
     }
-    let mut local = vec![false; members.len()];
     if uses_local {
-        pick(&mut local, &members, |c| c.local && c.ready);
-        pick_if_empty(&mut local, &members, |c| c.local && c.serving_terminating());
+        let mut any = false;
+        for (cell, c) in &members {
+            scopes[*cell].local = c.local && c.ready;
+            any |= scopes[*cell].local;
+        }
+        if !any {
+            for (cell, c) in &members {
+                scopes[*cell].local = c.local && c.serving_terminating();
+            }
+        }
     }
-
-    for (k, (entry_index, _)) in members.iter().enumerate() {
-        entries[*entry_index].scopes[index] = EndpointScopes {
-            cluster: cluster[k],
-            local: local[k],
-            internal: if internal_local { local[k] } else { cluster[k] },
-            external: if external_local { local[k] } else { cluster[k] },
-        };
-    }
-}
-
-fn pick(set: &mut [bool], members: &[(usize, Candidate)], test: impl Fn(&Candidate) -> bool) {
-    for (slot, (_, cand)) in set.iter_mut().zip(members) {
-        *slot = test(cand);
+    for (cell, _) in &members {
+        let s = &mut scopes[*cell];
+        s.internal = if internal_local { s.local } else { s.cluster };
+        s.external = if external_local { s.local } else { s.cluster };
     }
 }
 
-fn pick_if_empty(
-    set: &mut [bool],
-    members: &[(usize, Candidate)],
-    test: impl Fn(&Candidate) -> bool,
-) {
-    if !set.iter().any(|&m| m) {
-        pick(set, members, test);
-    }
-}
-
-fn local_endpoint(entry: &IpEntry, ports: &[&ServicePort], synth: Synthesis) -> LocalEndpoint {
-    let best = &entry.best;
+fn local_endpoint(
+    entries: &Entries,
+    row: usize,
+    ports: &[&ServicePort],
+    synth: Synthesis,
+) -> LocalEndpoint {
+    let best = &entries.best[row];
     let ports = ports
         .iter()
-        .zip(&entry.backing)
-        .zip(&entry.scopes)
+        .zip(entries.backing_of(row))
+        .zip(entries.scopes_of(row))
         .filter_map(|((port, backing), scopes)| {
             backing.map(|(_, number)| EndpointPort {
                 name: port.name.clone(),
@@ -448,7 +481,7 @@ fn local_endpoint(entry: &IpEntry, ports: &[&ServicePort], synth: Synthesis) -> 
         })
         .collect();
     LocalEndpoint {
-        ip: entry.ip,
+        ip: entries.ips[row],
         hostname: best.ep.hostname.clone().unwrap_or_default(),
         node_name: best.ep.node_name.clone().unwrap_or_default(),
         zone: best.ep.zone.clone().unwrap_or_default(),
@@ -531,8 +564,8 @@ mod tests {
     use std::panic::{catch_unwind, AssertUnwindSafe};
 
     use super::super::cluster::{
-        AddressType, EndpointSlicePort, LoadBalancerIngress, Protocol, TargetRef,
-        DEFAULT_AFFINITY_TIMEOUT_SECONDS, LABEL_SERVICE_NAME, LABEL_ZONE,
+        EndpointSlicePort, LoadBalancerIngress, ObjectKey, Protocol, TargetRef,
+        DEFAULT_AFFINITY_TIMEOUT_SECONDS, LABEL_ZONE,
     };
     use super::*;
 

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::objects::{decode_object, Decoded};
 use super::{SourceMessage, SourceSender};
-use crate::model::{ClusterState, Change, Object};
+use crate::model::{Change, ClusterState, Object};
 
 /// File extensions read as manifests.
 const EXTENSIONS: &[&str] = &["yaml", "yml", "json"];
@@ -209,11 +209,13 @@ impl ManifestDir {
             dir: dir.to_owned(),
             files: BTreeMap::new(),
         };
-        if this.list().map_err(|e| FileSourceError::Directory {
-            dir: dir.to_owned(),
-            reason: e.to_string(),
-        })?
-        .is_empty()
+        if this
+            .list()
+            .map_err(|e| FileSourceError::Directory {
+                dir: dir.to_owned(),
+                reason: e.to_string(),
+            })?
+            .is_empty()
         {
             return Err(FileSourceError::Empty {
                 dir: dir.to_owned(),
@@ -395,18 +397,28 @@ mod tests {
         let errs = parse_manifest(Path::new("m.yaml"), &content).unwrap_err();
         assert_eq!(errs.len(), 1);
         let msg = errs[0].to_string();
-        assert!(msg.starts_with("m.yaml: document 1: invalid Service bad:"), "{msg}");
+        assert!(
+            msg.starts_with("m.yaml: document 1: invalid Service bad:"),
+            "{msg}"
+        );
         assert!(msg.contains("spec.ports[0].port"), "{msg}");
 
         let errs = parse_manifest(Path::new("m.yaml"), "a: [b\n").unwrap_err();
-        assert!(matches!(errs[0], ManifestError::Decode { doc_index: 0, .. }), "{errs:?}");
+        assert!(
+            matches!(errs[0], ManifestError::Decode { doc_index: 0, .. }),
+            "{errs:?}"
+        );
     }
 
     #[test]
     fn a_broken_file_keeps_its_last_good_version_and_others_apply() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a.yaml"), SVC).unwrap();
-        std::fs::write(dir.path().join("b.json"), r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"}}"#).unwrap();
+        std::fs::write(
+            dir.path().join("b.json"),
+            r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"}}"#,
+        )
+        .unwrap();
         let mut m = ManifestDir::open(dir.path()).unwrap();
         assert!(m.rescan().is_empty());
         assert_eq!(m.cluster_state().services.len(), 1);
@@ -418,14 +430,20 @@ mod tests {
         let state = m.cluster_state();
         assert_eq!(state.services.len(), 1, "last good a.yaml stays");
         assert!(state.nodes.is_empty(), "removed file is dropped");
-        assert!(m.rescan().is_empty(), "an unchanged broken file is reported once");
+        assert!(
+            m.rescan().is_empty(),
+            "an unchanged broken file is reported once"
+        );
     }
 
     #[test]
     fn missing_or_empty_directory_is_a_startup_error() {
         let dir = tempfile::tempdir().unwrap();
         let err = ManifestDir::open(dir.path()).unwrap_err();
-        assert!(err.to_string().contains("no .yaml, .yml or .json files"), "{err}");
+        assert!(
+            err.to_string().contains("no .yaml, .yml or .json files"),
+            "{err}"
+        );
         let err = ManifestDir::open(&dir.path().join("nope")).unwrap_err();
         assert!(err.to_string().starts_with("--manifests "), "{err}");
     }

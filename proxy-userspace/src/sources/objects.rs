@@ -10,17 +10,17 @@ use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::net::Cidr;
 use crate::model::{
-    AddressType, ConditionStatus, Endpoint, EndpointSlice, EndpointSlicePort,
-    LoadBalancerIngress, Node, Object, ObjectKey, Pod, PodCondition, Protocol, Service,
-    ServicePort, ServiceType, TargetPort, TargetRef, Timestamp, TrafficPolicy,
-    DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+    AddressType, ConditionStatus, Endpoint, EndpointSlice, EndpointSlicePort, LoadBalancerIngress,
+    Node, Object, ObjectKey, Pod, PodCondition, Protocol, Service, ServicePort, ServiceType,
+    TargetPort, TargetRef, Timestamp, TrafficPolicy, DEFAULT_AFFINITY_TIMEOUT_SECONDS,
 };
+use crate::net::Cidr;
 
 /// Annotation with the time of the change that triggered an EndpointSlice
 /// update (used for network programming latency).
-pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
+    "endpoints.kubernetes.io/last-change-trigger-time";
 /// Annotation marking the mirror pod of a static pod.
 pub const ANNOTATION_CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
 
@@ -44,7 +44,10 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ObjectError {
 pub enum Decoded {
     Object(Box<Object>),
     /// A kind the proxy does not consume (Deployment, ConfigMap, ...).
-    Ignored { api_version: String, kind: String },
+    Ignored {
+        api_version: String,
+        kind: String,
+    },
 }
 
 /// Decodes one JSON value holding a Service, EndpointSlice, Node or Pod.
@@ -428,13 +431,13 @@ pub fn node(node: core::Node) -> Result<Node, ObjectError> {
         .filter(|n| !n.is_empty())
         .ok_or_else(|| invalid("metadata.name", "is required"))?;
     let mut addresses = Vec::new();
-    let status_addresses = node
-        .status
-        .and_then(|s| s.addresses)
-        .unwrap_or_default();
+    let status_addresses = node.status.and_then(|s| s.addresses).unwrap_or_default();
     for (i, a) in status_addresses.iter().enumerate() {
         if a.type_ == "InternalIP" || a.type_ == "ExternalIP" {
-            addresses.push(parse_ip(&format!("status.addresses[{i}].address"), &a.address)?);
+            addresses.push(parse_ip(
+                &format!("status.addresses[{i}].address"),
+                &a.address,
+            )?);
         }
     }
     Ok(Node {
@@ -456,10 +459,7 @@ pub fn pod(pod: core::Pod) -> Result<Pod, ObjectError> {
     let key = key(&pod.metadata)?;
     let annotations: BTreeMap<String, String> = pod.metadata.annotations.unwrap_or_default();
     let mut conditions = Vec::new();
-    let status_conditions = pod
-        .status
-        .and_then(|s| s.conditions)
-        .unwrap_or_default();
+    let status_conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
     for (i, c) in status_conditions.into_iter().enumerate() {
         let status = match c.status.as_str() {
             "True" => ConditionStatus::True,
@@ -523,19 +523,37 @@ mod tests {
     #[test]
     fn invalid_objects_name_the_field() {
         let cases = [
-            (json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
-                    "spec": {"clusterIP": "10.0.0.300"}}), "spec.clusterIPs[0]"),
-            (json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
-                    "spec": {"ports": [{"port": 70000}]}}), "spec.ports[0].port"),
-            (json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
-                    "spec": {"ports": [{"port": 80, "protocol": "ICMP"}]}}), "spec.ports[0].protocol"),
-            (json!({"apiVersion": "v1", "kind": "Service", "metadata": {},
-                    "spec": {}}), "metadata.name"),
-            (json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            (
+                json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
+                    "spec": {"clusterIP": "10.0.0.300"}}),
+                "spec.clusterIPs[0]",
+            ),
+            (
+                json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
+                    "spec": {"ports": [{"port": 70000}]}}),
+                "spec.ports[0].port",
+            ),
+            (
+                json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
+                    "spec": {"ports": [{"port": 80, "protocol": "ICMP"}]}}),
+                "spec.ports[0].protocol",
+            ),
+            (
+                json!({"apiVersion": "v1", "kind": "Service", "metadata": {},
+                    "spec": {}}),
+                "metadata.name",
+            ),
+            (
+                json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
                     "metadata": {"name": "s"}, "addressType": "IPv4",
-                    "endpoints": [{"addresses": ["fd00::1"]}]}), "endpoints[0].addresses[0]"),
-            (json!({"apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice",
-                    "metadata": {"name": "s"}}), "apiVersion"),
+                    "endpoints": [{"addresses": ["fd00::1"]}]}),
+                "endpoints[0].addresses[0]",
+            ),
+            (
+                json!({"apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice",
+                    "metadata": {"name": "s"}}),
+                "apiVersion",
+            ),
             (json!({"kind": "Service"}), "apiVersion"),
         ];
         for (doc, field) in cases {
@@ -563,11 +581,19 @@ mod tests {
                            "hints": {"forZones": [{"name": "a"}]}, "nodeName": "n1"}]
         }))
         .unwrap();
-        let Object::EndpointSlice(s) = o else { panic!() };
+        let Object::EndpointSlice(s) = o else {
+            panic!()
+        };
         assert_eq!(s.service_key(), Some(ObjectKey::new("prod", "web")));
         assert_eq!(s.endpoints[0].ready, None);
         assert_eq!(s.endpoints[0].serving, Some(true));
         assert_eq!(s.endpoints[0].hints_for_zones, vec!["a".to_owned()]);
-        assert_eq!(s.last_change_trigger_time, Some(Timestamp { seconds: 1725603591, nanos: 0 }));
+        assert_eq!(
+            s.last_change_trigger_time,
+            Some(Timestamp {
+                seconds: 1725603591,
+                nanos: 0
+            })
+        );
     }
 }
