@@ -1,1 +1,165 @@
-fn main() {}
+//! Project tasks that cargo alone cannot do.
+//!
+//! * `cargo xtask test`  — every check and test: fmt, clippy, unit and
+//!   integration tests. Installs the rustup components it needs.
+//! * `cargo xtask demo`  — runs the daemon on the example manifests in
+//!   `deploy/examples` and prints the published state.
+//! * `cargo xtask bench` — benchmarks, printed as ratios against baselines
+//!   measured in the same run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = workspace_root();
+    std::env::set_current_dir(&root)?;
+    match args.first().map(String::as_str) {
+        Some("test") => test(&root),
+        Some("demo") => demo(&root),
+        Some("bench") => bench(&root),
+        _ => {
+            eprintln!("usage: cargo xtask <test|demo|bench>");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// A cargo command without the variables rustup sets for this process, so a
+/// nested toolchain choice (`cargo +nightly`) is never overridden.
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));
+    c.env_remove("RUSTUP_TOOLCHAIN");
+    c
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("+ {cmd:?}");
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+/// Installs rustup components of the active toolchain when missing.
+fn ensure_components(components: &[&str]) -> Result<()> {
+    let out = Command::new("rustup")
+        .args(["component", "list", "--installed"])
+        .output();
+    let installed = match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        // No rustup (a distribution toolchain): assume the components exist.
+        _ => return Ok(()),
+    };
+    for c in components {
+        if !installed.lines().any(|l| l.starts_with(&format!("{c}-")) || l == *c) {
+            run(Command::new("rustup").args(["component", "add", c]))?;
+        }
+    }
+    Ok(())
+}
+
+fn test(_root: &Path) -> Result<()> {
+    ensure_components(&["rustfmt", "clippy"])?;
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(cargo().args(["test", "--workspace", "--no-fail-fast"]))?;
+    Ok(())
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn demo(root: &Path) -> Result<()> {
+    run(cargo().args(["build", "--bin", "ebpf-kube-proxy"]))?;
+    let bin = root.join("target/debug/ebpf-kube-proxy");
+    let manifests = root.join("deploy/examples");
+    let run_dir = std::env::temp_dir().join(format!("ebpf-kube-proxy-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&run_dir)?;
+    let socket = run_dir.join("localnet.sock");
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?
+    };
+
+    println!("==> starting ebpf-kube-proxy on the file source ({})", manifests.display());
+    println!("    node node-1 (zone zone-a), proxy-mode none, localnet on {addr} and unix:{}", socket.display());
+    let mut daemon = KillOnDrop(
+        Command::new(&bin)
+            .args(["--source", "file", "--hostname-override", "node-1", "--proxy-mode", "none"])
+            .arg("--manifests")
+            .arg(&manifests)
+            .arg("--localnet-bind-address")
+            .arg(addr.to_string())
+            .arg("--localnet-socket")
+            .arg(&socket)
+            .arg("--podinfo-socket")
+            .arg(run_dir.join("podinfo.sock"))
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting the daemon")?,
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        if Instant::now() > deadline {
+            bail!("the daemon did not open {} within 15 s", socket.display());
+        }
+        if let Some(status) = daemon.0.try_wait()? {
+            bail!("the daemon exited early: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    println!("\n==> ebpf-kube-proxy localnet watch --once --target unix:{}", socket.display());
+    run(Command::new(&bin)
+        .args(["localnet", "watch", "--once", "--target"])
+        .arg(format!("unix:{}", socket.display())))?;
+
+    println!("\n==> stopping the daemon (SIGTERM)");
+    run(Command::new("kill").args(["-TERM", &daemon.0.id().to_string()]))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = daemon.0.try_wait()? {
+            if !status.success() {
+                bail!("the daemon exited with {status}");
+            }
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the daemon did not stop within 10 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = std::fs::remove_dir_all(&run_dir);
+    println!("==> done");
+    Ok(())
+}
+
+fn bench(_root: &Path) -> Result<()> {
+    run(cargo().args(["bench", "-p", "proxy-userspace", "--bench", "localstate"]))
+}
