@@ -115,7 +115,13 @@ fn median<T>(mut f: impl FnMut() -> T) -> Duration {
     times[RUNS / 2]
 }
 
-fn report(name: &str, measured: Duration, baseline_name: &str, baseline: Duration, target: Duration) {
+fn report(
+    name: &str,
+    measured: Duration,
+    baseline_name: &str,
+    baseline: Duration,
+    target: Duration,
+) {
     println!(
         "{name:<44} {:>9.1} ms   {:>6.2}x {baseline_name} ({:.1} ms)   target <= {} ms: {}",
         measured.as_secs_f64() * 1e3,
@@ -132,14 +138,27 @@ fn main() {
         node_name: "node-1".into(),
         synthesize_hints: false,
     };
-    println!("{SERVICES} services, {} endpoints, median of {RUNS} runs", SERVICES * ENDPOINTS_PER_SERVICE);
+    println!(
+        "{SERVICES} services, {} endpoints, median of {RUNS} runs",
+        SERVICES * ENDPOINTS_PER_SERVICE
+    );
 
     let clone = median(|| cluster.clone());
     let compute_time = median(|| compute(&cluster, &node));
-    report("compute()", compute_time, "clone of the input", clone, Duration::from_millis(200));
+    report(
+        "compute()",
+        compute_time,
+        "clone of the input",
+        clone,
+        Duration::from_millis(200),
+    );
 
     let state = Arc::new(compute(&cluster, &node));
-    let messages: Vec<_> = state.services.iter().map(convert::service_endpoints).collect();
+    let messages: Vec<_> = state
+        .services
+        .iter()
+        .map(convert::service_endpoints)
+        .collect();
     let encode_decode = median(|| {
         messages
             .iter()
@@ -162,8 +181,13 @@ fn main() {
         let listeners = Listeners::bind(None, Some(&socket)).await.expect("bind");
         let service = LocalnetService::new(1, rx, shutdown.clone());
         let server = tokio::spawn(listeners.serve(service, shutdown.clone()));
-        tx.send_replace(Arc::new(Snapshot { rev: 1, state: state.clone() }));
-        let mut c = client::connect(&Target::Unix(socket)).await.expect("connect");
+        tx.send_replace(Arc::new(Snapshot {
+            rev: 1,
+            state: state.clone(),
+        }));
+        let mut c = client::connect(&Target::Unix(socket))
+            .await
+            .expect("connect");
         // Warm-up: waits for the frame conversion and the connection.
         let first = client::next(&mut c, 0, 0).await.expect("next");
         assert_eq!(first.services.len(), SERVICES);

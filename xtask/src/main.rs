@@ -63,7 +63,10 @@ fn ensure_components(components: &[&str]) -> Result<()> {
         _ => return Ok(()),
     };
     for c in components {
-        if !installed.lines().any(|l| l.starts_with(&format!("{c}-")) || l == *c) {
+        if !installed
+            .lines()
+            .any(|l| l.starts_with(&format!("{c}-")) || l == *c)
+        {
             run(Command::new("rustup").args(["component", "add", c]))?;
         }
     }
@@ -106,11 +109,24 @@ fn demo(root: &Path) -> Result<()> {
         l.local_addr()?
     };
 
-    println!("==> starting ebpf-kube-proxy on the file source ({})", manifests.display());
-    println!("    node node-1 (zone zone-a), proxy-mode none, localnet on {addr} and unix:{}", socket.display());
+    println!(
+        "==> starting ebpf-kube-proxy on the file source ({})",
+        manifests.display()
+    );
+    println!(
+        "    node node-1 (zone zone-a), proxy-mode none, localnet on {addr} and unix:{}",
+        socket.display()
+    );
     let mut daemon = KillOnDrop(
         Command::new(&bin)
-            .args(["--source", "file", "--hostname-override", "node-1", "--proxy-mode", "none"])
+            .args([
+                "--source",
+                "file",
+                "--hostname-override",
+                "node-1",
+                "--proxy-mode",
+                "none",
+            ])
             .arg("--manifests")
             .arg(&manifests)
             .arg("--localnet-bind-address")
@@ -135,7 +151,10 @@ fn demo(root: &Path) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    println!("\n==> ebpf-kube-proxy localnet watch --once --target unix:{}", socket.display());
+    println!(
+        "\n==> ebpf-kube-proxy localnet watch --once --target unix:{}",
+        socket.display()
+    );
     run(Command::new(&bin)
         .args(["localnet", "watch", "--once", "--target"])
         .arg(format!("unix:{}", socket.display())))?;
