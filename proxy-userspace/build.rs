@@ -1,6 +1,13 @@
 //! Records the git commit and the rustc version for `version`, statusz and
-//! the build-info metric.
+//! the build-info metric, and copies the eBPF object into OUT_DIR.
+//!
+//! The object (`target/bpfel-unknown-none/release/proxy-ebpf`, made by
+//! `cargo xtask build-ebpf --release`; `EKP_EBPF_OBJECT` overrides the
+//! path) is optional: without it an empty file is embedded and the eBPF
+//! datapath refuses to start with a message saying how to build it, so a
+//! plain `cargo build` or `cargo clippy` works on a fresh checkout.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn output(cmd: &str, args: &[&str]) -> Option<String> {
@@ -24,5 +31,57 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     if let Some(git_dir) = output("git", &["rev-parse", "--git-dir"]) {
         println!("cargo:rerun-if-changed={git_dir}/HEAD");
+    }
+    embed_ebpf_object();
+}
+
+fn embed_ebpf_object() {
+    let Some(out_dir) = std::env::var_os("OUT_DIR").map(PathBuf::from) else {
+        return;
+    };
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let root = manifest_dir
+        .parent()
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    println!("cargo:rerun-if-env-changed=EKP_EBPF_OBJECT");
+    println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
+    let object = match std::env::var_os("EKP_EBPF_OBJECT").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .filter(|d| !d.is_empty())
+                .map(|d| root.join(d))
+                .unwrap_or_else(|| root.join("target"));
+            target.join("bpfel-unknown-none/release/proxy-ebpf")
+        }
+    };
+    let dest = out_dir.join("proxy-ebpf.o");
+    if object.is_file() {
+        println!("cargo:rerun-if-changed={}", object.display());
+        if let Err(e) = std::fs::copy(&object, &dest) {
+            panic!("copying {} to {}: {e}", object.display(), dest.display());
+        }
+        println!(
+            "cargo:rustc-env=EKP_EBPF_OBJECT_SOURCE={}",
+            object.display()
+        );
+    } else {
+        // Watch the directory the object will appear in (a missing file
+        // would make cargo rerun this script on every build).
+        if let Some(dir) = object.parent() {
+            let _ = std::fs::create_dir_all(dir);
+            println!("cargo:rerun-if-changed={}", dir.display());
+        }
+        if let Err(e) = std::fs::write(&dest, b"") {
+            panic!("writing {}: {e}", dest.display());
+        }
+        println!("cargo:rustc-env=EKP_EBPF_OBJECT_SOURCE=");
+        println!(
+            "cargo:warning=eBPF object {} not found: building without the eBPF datapath (run `cargo xtask build-ebpf --release` to include it)",
+            object.display()
+        );
     }
 }

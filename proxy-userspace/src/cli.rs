@@ -8,17 +8,21 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::datapath::ProxyMode;
 use crate::localnet::client::Target;
 use crate::localnet::render::OutputFormat;
+use crate::status::flagz;
 
 pub const DEFAULT_LOCALNET_BIND_ADDRESS: &str = "127.0.0.1:12345";
 pub const DEFAULT_LOCALNET_SOCKET: &str = "/run/ebpf-kube-proxy/localnet.sock";
 pub const DEFAULT_PODINFO_SOCKET: &str = "/run/ebpf-kube-proxy/podinfo.sock";
+pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/ebpf-kube-proxy";
 
 #[derive(Debug, Parser)]
 #[command(
     name = "ebpf-kube-proxy",
     version,
     about = "A kube-proxy replacement: node-local service state, an eBPF datapath, the localnet API",
-    args_conflicts_with_subcommands = true
+    args_conflicts_with_subcommands = true,
+    // A repeated flag: the last value wins, as with kube-proxy's flags.
+    args_override_self = true
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -44,9 +48,16 @@ impl SourceKind {
     }
 }
 
-/// Flags of the daemon (no subcommand). Every flag here is shown by /flagz.
-#[derive(Clone, Debug, Args)]
+/// Flags of the daemon (no subcommand). Every flag here is shown by /flagz;
+/// the `serde` attributes choose how (Go durations, lists, enum names) and
+/// mark sensitive flags `classified`.
+#[derive(Clone, Debug, Args, serde::Serialize)]
 pub struct DaemonFlags {
+    /// A KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1);
+    /// flags given on the command line override its values.
+    #[arg(long, value_name = "FILE", default_value = "")]
+    pub config: String,
+
     /// Name of this node, instead of the hostname.
     #[arg(long, value_name = "NAME", default_value = "")]
     pub hostname_override: String,
@@ -58,6 +69,7 @@ pub struct DaemonFlags {
 
     /// Datapath: auto (eBPF, else nftables), ebpf, nftables or none.
     #[arg(long, value_enum, default_value_t = ProxyMode::Auto)]
+    #[serde(serialize_with = "flagz::value_enum")]
     pub proxy_mode: ProxyMode,
 
     /// Address of kube-proxy's health server (/healthz, /livez).
@@ -72,8 +84,15 @@ pub struct DaemonFlags {
     #[arg(long, value_name = "PATH", default_value = "")]
     pub kubeconfig: String,
 
+    /// Address of the API server, overriding the kubeconfig's.
+    #[arg(long, value_name = "URL", default_value = "")]
+    // The URL may carry user-info (credentials).
+    #[serde(serialize_with = "flagz::classified")]
+    pub master: String,
+
     /// Where Services and EndpointSlices come from.
     #[arg(long, value_enum, default_value_t = SourceKind::Kube)]
+    #[serde(serialize_with = "flagz::value_enum")]
     pub source: SourceKind,
 
     /// Directory of YAML/JSON manifests for --source file.
@@ -93,11 +112,7 @@ pub struct DaemonFlags {
     pub podinfo_socket: String,
 
     /// bpffs directory for pinned maps and links.
-    #[arg(
-        long,
-        value_name = "DIR",
-        default_value = "/sys/fs/bpf/ebpf-kube-proxy"
-    )]
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_BPFFS_ROOT)]
     pub bpffs_root: PathBuf,
 
     /// cgroup v2 directory the socket hooks attach to; empty = the cgroup v2
@@ -107,11 +122,13 @@ pub struct DaemonFlags {
 
     /// Resync period; the health timeout is twice this.
     #[arg(long, value_name = "DURATION", default_value = "30s")]
+    #[serde(serialize_with = "flagz::go_duration")]
     pub sync_period: String,
 
     /// CIDRs of node addresses that accept NodePort traffic, comma
     /// separated; empty = all.
     #[arg(long, value_name = "CIDRS", default_value = "")]
+    #[serde(serialize_with = "flagz::list")]
     pub nodeport_addresses: String,
 
     /// Log verbosity (0-10, as klog's -v).
@@ -126,9 +143,9 @@ pub enum Command {
         #[command(subcommand)]
         command: LocalnetCommand,
     },
-    /// Show what is programmed (this build programs nothing: the published
-    /// LocalState).
-    Dump(ClientArgs),
+    /// Show what is programmed: the eBPF maps pinned under --bpffs-root
+    /// when they exist, else the published LocalState.
+    Dump(DumpArgs),
     /// Remove everything the daemon left on the node.
     Cleanup(CleanupArgs),
     /// Print version information.
@@ -153,6 +170,16 @@ pub struct ClientArgs {
 }
 
 #[derive(Clone, Debug, Args)]
+pub struct DumpArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+
+    /// bpffs directory of the eBPF datapath's pinned maps.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_BPFFS_ROOT)]
+    pub bpffs_root: PathBuf,
+}
+
+#[derive(Clone, Debug, Args)]
 pub struct WatchArgs {
     #[command(flatten)]
     pub client: ClientArgs,
@@ -164,6 +191,11 @@ pub struct WatchArgs {
 
 #[derive(Clone, Debug, Args)]
 pub struct CleanupArgs {
+    /// bpffs directory of the eBPF datapath: its links (attached
+    /// programs) and pinned maps are removed.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_BPFFS_ROOT)]
+    pub bpffs_root: PathBuf,
+
     /// localnet socket to remove if no daemon listens on it.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_LOCALNET_SOCKET)]
     pub localnet_socket: PathBuf,

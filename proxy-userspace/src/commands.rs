@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::cli::{CleanupArgs, ClientArgs, WatchArgs};
+use crate::cli::{CleanupArgs, ClientArgs, DumpArgs, WatchArgs};
+use crate::datapath::ebpf;
 use crate::localnet::client::{self, State};
-use crate::localnet::render::render;
+use crate::localnet::render::{render, OutputFormat};
 
 /// Version line: crate version, git commit and compiler.
 pub fn version_line() -> String {
@@ -64,27 +65,63 @@ pub async fn localnet_watch(args: WatchArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Shows what is programmed. With no datapath in this build that is
-/// nothing; the published LocalState is printed instead.
-pub async fn dump(args: ClientArgs) -> anyhow::Result<()> {
-    let mut c = client::connect(&args.target)
-        .await
-        .with_context(|| format!("dump: is the daemon running? (--target {})", args.target))?;
+/// Shows what is programmed: the eBPF maps pinned under `--bpffs-root`
+/// when there are any (no daemon needed), else the LocalState the daemon
+/// publishes (`--proxy-mode none` programs nothing).
+pub async fn dump(args: DumpArgs) -> anyhow::Result<()> {
+    if ebpf::is_pinned(&args.bpffs_root) {
+        let maps = ebpf::dump::read(&args.bpffs_root).context("dump")?;
+        let text = match args.client.output {
+            OutputFormat::Text => ebpf::dump::text(&maps),
+            OutputFormat::Json => serde_json::to_string(&maps).context("encoding the dump")? + "\n",
+            OutputFormat::Yaml => {
+                format!(
+                    "---\n{}",
+                    serde_yaml::to_string(&maps).context("encoding the dump")?
+                )
+            }
+        };
+        let mut out = std::io::stdout().lock();
+        return out
+            .write_all(text.as_bytes())
+            .and_then(|()| out.flush())
+            .context("writing to stdout");
+    }
+    let args = args.client;
+    let mut c = client::connect(&args.target).await.with_context(|| {
+        format!(
+            "dump: no eBPF maps are pinned and no daemon answers (--target {})",
+            args.target
+        )
+    })?;
     let state = client::next(&mut c, 0, 0).await.context("dump")?;
-    eprintln!("# datapath: none (this build programs nothing); published LocalState follows");
+    eprintln!("# no eBPF maps pinned (datapath none?); published LocalState follows");
     print(&state, &args)
 }
 
-/// Removes what a daemon left behind. This build creates no eBPF pins and
-/// no nftables table, only its sockets: those are removed when no daemon
-/// answers on them.
+/// Removes what a daemon left behind: the eBPF links (detaching and
+/// unloading the programs) and pinned maps under `--bpffs-root`, and the
+/// sockets when no daemon answers on them. This build creates no nftables
+/// table.
 pub async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
+    let report = ebpf::cleanup(&args.bpffs_root).context("cleanup")?;
+    if report.links.is_empty() && report.maps.is_empty() {
+        println!(
+            "{}: no eBPF links or maps pinned",
+            args.bpffs_root.display()
+        );
+    } else {
+        println!(
+            "{}: removed links [{}] (programs detached) and maps [{}]",
+            args.bpffs_root.display(),
+            report.links.join(" "),
+            report.maps.join(" ")
+        );
+    }
     for path in [&args.localnet_socket, &args.podinfo_socket] {
         remove_stale_socket(path).await?;
     }
-    println!(
-        "cleanup complete: no eBPF programs, pins or nftables tables are created by this build"
-    );
+    println!("cleanup complete");
     Ok(())
 }
 

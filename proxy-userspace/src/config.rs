@@ -27,8 +27,13 @@ fn err(flag: &'static str, value: impl Into<String>, reason: impl Into<String>) 
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SourceConfig {
-    File { dir: PathBuf },
-    Kube,
+    File {
+        dir: PathBuf,
+    },
+    /// The API server; `master` overrides the kubeconfig's server URL.
+    Kube {
+        master: Option<String>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,8 +41,10 @@ pub struct Config {
     pub node_name: String,
     pub cluster_cidrs: Vec<Cidr>,
     pub proxy_mode: ProxyMode,
-    pub healthz_bind_address: SocketAddr,
-    pub metrics_bind_address: SocketAddr,
+    /// `None` (empty flag) disables the server.
+    pub healthz_bind_address: Option<SocketAddr>,
+    /// `None` (empty flag) disables the server.
+    pub metrics_bind_address: Option<SocketAddr>,
     pub kubeconfig: Option<PathBuf>,
     pub source: SourceConfig,
     pub localnet_bind_address: Option<SocketAddr>,
@@ -48,6 +55,9 @@ pub struct Config {
     pub sync_period: Duration,
     pub nodeport_addresses: Vec<Cidr>,
     pub verbosity: u8,
+    /// Every flag with its effective value as `/flagz` shows it (sensitive
+    /// values already redacted).
+    pub flagz: Vec<(String, String)>,
 }
 
 fn socket_addr(flag: &'static str, v: &str) -> Result<SocketAddr, ConfigError> {
@@ -58,6 +68,13 @@ fn socket_addr(flag: &'static str, v: &str) -> Result<SocketAddr, ConfigError> {
             "expected IP:PORT, e.g. 127.0.0.1:12345 or [::1]:12345",
         )
     })
+}
+
+fn optional_socket_addr(flag: &'static str, v: &str) -> Result<Option<SocketAddr>, ConfigError> {
+    match v.trim() {
+        "" => Ok(None),
+        a => socket_addr(flag, a).map(Some),
+    }
 }
 
 fn optional_path(p: &str) -> Option<PathBuf> {
@@ -90,11 +107,11 @@ impl Config {
         let nodeport_addresses = parse_cidr_list(&f.nodeport_addresses)
             .map_err(|r| err("nodeport-addresses", &f.nodeport_addresses, r))?;
         let proxy_mode = match f.proxy_mode {
-            ProxyMode::Ebpf | ProxyMode::Nftables => {
+            ProxyMode::Nftables => {
                 return Err(err(
                     "proxy-mode",
                     f.proxy_mode.as_str(),
-                    "this datapath is not available in this build; use auto or none",
+                    "this datapath is not available in this build; use auto, ebpf or none",
                 ))
             }
             m => m,
@@ -102,15 +119,17 @@ impl Config {
         let source = match f.source {
             SourceKind::File => match &f.manifests {
                 Some(dir) if !dir.as_os_str().is_empty() => SourceConfig::File { dir: dir.clone() },
-                _ => return Err(err("manifests", "", "a directory is required with --source file")),
+                _ => {
+                    return Err(err(
+                        "manifests",
+                        "",
+                        "a directory is required with --source file",
+                    ))
+                }
             },
-            SourceKind::Kube => {
-                return Err(err(
-                    "source",
-                    "kube",
-                    "the Kubernetes API source is not available in this build; use --source file --manifests DIR",
-                ))
-            }
+            SourceKind::Kube => SourceConfig::Kube {
+                master: Some(f.master.trim().to_owned()).filter(|m| !m.is_empty()),
+            },
         };
         let localnet_bind_address = match f.localnet_bind_address.trim() {
             "" => None,
@@ -125,8 +144,14 @@ impl Config {
             node_name,
             cluster_cidrs,
             proxy_mode,
-            healthz_bind_address: socket_addr("healthz-bind-address", &f.healthz_bind_address)?,
-            metrics_bind_address: socket_addr("metrics-bind-address", &f.metrics_bind_address)?,
+            healthz_bind_address: optional_socket_addr(
+                "healthz-bind-address",
+                &f.healthz_bind_address,
+            )?,
+            metrics_bind_address: optional_socket_addr(
+                "metrics-bind-address",
+                &f.metrics_bind_address,
+            )?,
             kubeconfig: optional_path(&f.kubeconfig),
             source,
             localnet_bind_address,
@@ -137,6 +162,7 @@ impl Config {
             sync_period,
             nodeport_addresses,
             verbosity: f.verbosity,
+            flagz: crate::status::flagz::collect(f),
         })
     }
 }
@@ -219,7 +245,7 @@ mod tests {
             ),
             (&["--sync-period", "10 parsecs"], "sync-period"),
             (&["--sync-period", "0s"], "sync-period"),
-            (&["--proxy-mode", "ebpf"], "proxy-mode"),
+            (&["--proxy-mode", "nftables"], "proxy-mode"),
         ];
         for (args, flag) in cases {
             let mut a = file.to_vec();
@@ -229,7 +255,34 @@ mod tests {
             assert!(e.to_string().starts_with(&format!("--{flag} ")), "{e}");
         }
         assert_eq!(parse(&["--source", "file"]).unwrap_err().flag, "manifests");
-        assert_eq!(parse(&[]).unwrap_err().flag, "source");
+        assert_eq!(
+            parse(&[]).unwrap().source,
+            SourceConfig::Kube { master: None },
+            "kube is the default source"
+        );
+    }
+
+    #[test]
+    fn ebpf_mode_takes_its_cgroup_and_bpffs_paths() {
+        let c = parse(&[
+            "--source",
+            "file",
+            "--manifests",
+            "/m",
+            "--proxy-mode",
+            "ebpf",
+            "--cgroup-path",
+            "/sys/fs/cgroup/unified/test",
+            "--bpffs-root",
+            "/sys/fs/bpf/test",
+        ])
+        .unwrap();
+        assert_eq!(c.proxy_mode, ProxyMode::Ebpf);
+        assert_eq!(c.cgroup_path, Some("/sys/fs/cgroup/unified/test".into()));
+        assert_eq!(c.bpffs_root, PathBuf::from("/sys/fs/bpf/test"));
+        let d = parse(&["--source", "file", "--manifests", "/m"]).unwrap();
+        assert_eq!(d.cgroup_path, None, "empty = the cgroup v2 root");
+        assert_eq!(d.bpffs_root, PathBuf::from("/sys/fs/bpf/ebpf-kube-proxy"));
     }
 
     #[test]

@@ -1,18 +1,43 @@
-//! Wires the daemon together: source → syncer → (localnet server, datapath),
-//! and shuts everything down on SIGTERM/SIGINT.
+//! Wires the daemon together: source → syncer → (localnet server, datapath,
+//! status servers), and shuts everything down on SIGTERM/SIGINT.
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, SourceConfig};
-use crate::datapath::{none::NoneDatapath, Datapath, ProxyMode};
+use crate::datapath::{Datapath, DatapathChoice, DatapathConfig};
 use crate::localnet::server::{new_instance_id, Listeners, LocalnetService};
-use crate::model::{LocalState, NodeContext};
+use crate::model::{IpFamily, LocalState, NodeContext};
 use crate::sources::{self, file};
+use crate::status::{Status, StatusOptions, StatusServers};
 use crate::sync::{self, SnapshotReceiver};
+
+/// Resources every source lists before it reports `Synced`.
+const SOURCE_RESOURCES: &[&str] = &["endpointslices", "nodes", "pods", "services"];
+
+/// Test hook, read from the environment (deliberately not a flag, so it is
+/// not on /flagz): while the file this names exists, the datapath runner
+/// applies nothing, as a stuck datapath would. Integration tests use it to
+/// see the health endpoints turn unhealthy and recover.
+const STALL_DATAPATH_ENV: &str = "EBPF_KUBE_PROXY_TEST_STALL_DATAPATH";
+/// How often a stalled runner looks at the stall file again.
+const STALL_RECHECK: Duration = Duration::from_millis(100);
+
+/// Test hook, read from the environment: after SIGTERM/SIGINT keep serving
+/// (readiness failing on `shutdown`) for this Go duration before stopping,
+/// so integration tests can observe the shutting-down state.
+const SHUTDOWN_DELAY_ENV: &str = "EBPF_KUBE_PROXY_TEST_SHUTDOWN_DELAY";
+
+/// The configured source, ready to run.
+enum Source {
+    File(file::ManifestDir),
+    Kube(kube::Client),
+}
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
@@ -20,16 +45,34 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
 
     // Everything that can fail on bad configuration fails before serving.
-    let manifests = match &config.source {
-        SourceConfig::File { dir } => file::ManifestDir::open(dir)?,
-        SourceConfig::Kube => anyhow::bail!("--source kube is not available in this build"),
+    let source = match &config.source {
+        SourceConfig::File { dir } => Source::File(file::ManifestDir::open(dir)?),
+        SourceConfig::Kube { master } => Source::Kube(
+            sources::kube::client(config.kubeconfig.as_deref(), master.as_deref()).await?,
+        ),
     };
-    let datapath = select_datapath(config.proxy_mode);
+    let (datapath, datapath_choice) = select_datapath(&config)?;
     let listeners = Listeners::bind(
         config.localnet_bind_address,
         config.localnet_socket.as_deref(),
     )
     .await?;
+    let status_servers =
+        StatusServers::bind(config.metrics_bind_address, config.healthz_bind_address).await?;
+    let status = Arc::new(Status::new(StatusOptions {
+        sync_period: config.sync_period,
+        requested_mode: config.proxy_mode,
+        active_mode: datapath.mode(),
+        source: match config.source {
+            SourceConfig::File { .. } => "file",
+            SourceConfig::Kube { .. } => "kube",
+        },
+        resources: SOURCE_RESOURCES,
+        // LocalState and every datapath cover both families.
+        families: vec![IpFamily::V4, IpFamily::V6],
+        flags: config.flagz.clone(),
+    })?);
+    status.set_localnet_listening(true);
 
     let (source_tx, source_rx) = sources::channel();
     let (snapshot_tx, snapshot_rx) = sync::snapshot_channel();
@@ -39,13 +82,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
     let syncer = std::thread::Builder::new()
         .name("syncer".to_owned())
-        .spawn(move || sync::run(source_rx, node, snapshot_tx))
+        .spawn({
+            let status = status.clone();
+            move || sync::run(source_rx, node, snapshot_tx, status)
+        })
         .context("starting the syncer thread")?;
 
     let instance_id = new_instance_id();
     tracing::info!(
         node = %config.node_name,
         proxy_mode = %datapath.mode(),
+        requested_proxy_mode = %datapath_choice.requested,
         instance_id = format_args!("{instance_id:016x}"),
         "starting ebpf-kube-proxy {}",
         env!("CARGO_PKG_VERSION")
@@ -54,32 +101,66 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut tasks = tokio::task::JoinSet::new();
     {
         let cancel = shutdown.clone();
+        let node_name = config.node_name.clone();
         tasks.spawn(async move {
-            file::run(manifests, source_tx, cancel)
-                .await
-                .context("file source")
+            match source {
+                Source::File(manifests) => file::run(manifests, source_tx, cancel)
+                    .await
+                    .context("file source"),
+                Source::Kube(client) => {
+                    sources::kube::run(client, node_name, source_tx, cancel).await;
+                    Ok(())
+                }
+            }
         });
     }
     tasks.spawn(run_datapath(
         datapath,
         snapshot_rx.clone(),
         shutdown.clone(),
+        status.clone(),
     ));
     {
         let service = LocalnetService::new(instance_id, snapshot_rx, shutdown.clone());
         let cancel = shutdown.clone();
-        tasks.spawn(async move { listeners.serve(service, cancel).await.map_err(Into::into) });
+        let status = status.clone();
+        tasks.spawn(async move {
+            let served = listeners.serve(service, cancel).await;
+            status.set_localnet_listening(false);
+            served.map_err(Into::into)
+        });
+    }
+    {
+        let cancel = shutdown.clone();
+        let status = status.clone();
+        tasks.spawn(async move {
+            status_servers
+                .serve(status, cancel)
+                .await
+                .map_err(Into::into)
+        });
     }
 
     let mut result = Ok(());
+    let mut signalled = true;
     tokio::select! {
         _ = sigterm.recv() => tracing::info!("SIGTERM received, shutting down"),
         _ = sigint.recv() => tracing::info!("SIGINT received, shutting down"),
         Some(done) = tasks.join_next() => {
+            signalled = false;
             result = flatten(done);
             if let Err(e) = &result {
                 tracing::error!(error = format!("{e:#}"), "a component failed, shutting down");
             }
+        }
+    }
+    status.shutting_down();
+    if signalled {
+        if let Some(delay) = std::env::var(SHUTDOWN_DELAY_ENV)
+            .ok()
+            .and_then(|d| crate::config::parse_duration(&d).ok())
+        {
+            tokio::time::sleep(delay).await;
         }
     }
     shutdown.cancel();
@@ -102,38 +183,56 @@ fn flatten(r: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow::Res
     r.map_err(anyhow::Error::from).and_then(|r| r)
 }
 
-fn select_datapath(mode: ProxyMode) -> Box<dyn Datapath> {
-    if mode == ProxyMode::Auto {
-        tracing::warn!("proxy-mode auto: no eBPF or nftables datapath in this build; running with proxy-mode none (state is published, nothing is programmed)");
-    }
-    Box::new(NoneDatapath)
+/// The datapath and why it was chosen (`auto` falls back to `none` with
+/// the reason in `DatapathChoice::fallback_reason`).
+fn select_datapath(config: &Config) -> anyhow::Result<(Box<dyn Datapath>, DatapathChoice)> {
+    crate::datapath::select(&DatapathConfig {
+        mode: config.proxy_mode,
+        bpffs_root: config.bpffs_root.clone(),
+        cgroup_path: config.cgroup_path.clone(),
+    })
+    .with_context(|| format!("--proxy-mode {}", config.proxy_mode))
 }
 
 /// Applies every new snapshot to the datapath, newest first: a slow apply
-/// skips intermediate revisions.
+/// skips intermediate revisions. Reports every apply to `status`.
 async fn run_datapath(
     mut datapath: Box<dyn Datapath>,
     mut snapshots: SnapshotReceiver,
     shutdown: CancellationToken,
+    status: Arc<Status>,
 ) -> anyhow::Result<()> {
+    let stall_file = std::env::var_os(STALL_DATAPATH_ENV).map(PathBuf::from);
     let mut programmed: Arc<LocalState> = Arc::default();
     loop {
+        let stalled = stall_file.as_deref().is_some_and(|p| p.exists());
         let snapshot = snapshots.borrow_and_update().clone();
-        if snapshot.is_synced() {
+        if snapshot.is_synced() && !stalled {
             let started = std::time::Instant::now();
             match datapath.apply(&programmed, &snapshot.state) {
                 Ok(stats) => {
-                    tracing::debug!(rev = snapshot.rev, mode = %datapath.mode(), services_changed = stats.services_changed, elapsed = ?started.elapsed(), "datapath applied");
+                    let elapsed = started.elapsed();
+                    status.datapath_applied(snapshot.rev, &snapshot.state, elapsed);
+                    tracing::debug!(rev = snapshot.rev, mode = %datapath.mode(), services_changed = stats.services_changed, ?elapsed, "datapath applied");
                     programmed = snapshot.state.clone();
                 }
                 Err(e) => {
+                    status.datapath_apply_failed();
                     tracing::error!(rev = snapshot.rev, error = %e, "datapath apply failed; will retry with the next state")
                 }
             }
         }
+        let recheck = async {
+            if stalled {
+                tokio::time::sleep(STALL_RECHECK).await
+            } else {
+                std::future::pending().await
+            }
+        };
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
             changed = snapshots.changed() => if changed.is_err() { return Ok(()) },
+            _ = recheck => {}
         }
     }
 }

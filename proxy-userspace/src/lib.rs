@@ -1,15 +1,17 @@
 //! ebpf-kube-proxy: a kube-proxy replacement.
 //!
 //! Data flows one way: [`sources`] → [`model`] (pure) → [`sync`] publishes
-//! snapshots → consumers ([`localnet`] gRPC API, [`datapath`]).
+//! snapshots → consumers ([`localnet`] gRPC API, [`datapath`], [`status`]).
 
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod config_file;
 pub mod daemon;
 pub mod datapath;
 pub mod localnet;
 pub mod model;
 pub mod net;
 pub mod sources;
+pub mod status;
 pub mod sync;

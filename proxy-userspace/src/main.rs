@@ -1,10 +1,10 @@
 //! `ebpf-kube-proxy`: parse the command line, set up logging, run.
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use ebpf_kube_proxy::cli::{Cli, Command, LocalnetCommand};
 use ebpf_kube_proxy::config::Config;
-use ebpf_kube_proxy::{commands, daemon};
+use ebpf_kube_proxy::{commands, config_file, daemon};
 use tracing_subscriber::EnvFilter;
 
 fn init_logging(verbosity: u8) {
@@ -25,7 +25,11 @@ fn init_logging(verbosity: u8) {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     init_logging(cli.daemon.verbosity);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -41,6 +45,10 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             None => {
+                let from_command_line = |id: &str| {
+                    matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+                };
+                config_file::merge(&mut cli.daemon, from_command_line)?;
                 let config = Config::from_flags(&cli.daemon).context("invalid configuration")?;
                 daemon::run(config).await
             }

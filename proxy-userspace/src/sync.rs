@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use crate::model::{compute, ClusterState, LocalState, NodeContext};
 use crate::sources::{SourceMessage, SourceReceiver};
+use crate::status::{node_eligible, ChangeBatch, ChangeNote, Status};
 
 /// One published LocalState. Revision 0 means "not synced yet".
 #[derive(Debug, Default)]
@@ -35,30 +36,46 @@ pub fn snapshot_channel() -> (SnapshotSender, SnapshotReceiver) {
 
 /// Applies every message from `rx` until the source hangs up. Bursts are
 /// coalesced: all queued messages are applied before one recompute.
-/// Runs on its own thread because `compute` is CPU-bound.
-pub fn run(mut rx: SourceReceiver, node: NodeContext, out: SnapshotSender) {
+/// Runs on its own thread because `compute` is CPU-bound. Reports queued
+/// changes, computed revisions and the source's progress to `status`.
+pub fn run(mut rx: SourceReceiver, node: NodeContext, out: SnapshotSender, status: Arc<Status>) {
     let mut cluster = ClusterState::default();
     let mut synced = false;
     let mut rev = 0u64;
     while let Some(first) = rx.blocking_recv() {
         let mut dirty = false;
+        let mut queued = ChangeBatch::default();
         let mut msg = Some(first);
         while let Some(m) = msg.take() {
             match m {
                 SourceMessage::Changes(changes) => {
                     for c in changes {
-                        dirty |= cluster.apply(c);
+                        let note = ChangeNote::of(&c);
+                        if cluster.apply(c) {
+                            dirty = true;
+                            queued.add(note);
+                        }
                     }
                 }
                 SourceMessage::Synced => {
                     if !synced {
                         synced = true;
                         dirty = true;
+                        status.source_synced();
                     }
                 }
-                SourceMessage::Errors(_) => {}
+                SourceMessage::Errors(errors) => {
+                    for e in &errors {
+                        status.source_error(e.reason_class());
+                    }
+                }
+                SourceMessage::WatchError { reason, .. } => status.source_error(reason),
             }
             msg = rx.try_recv().ok();
+        }
+        if dirty {
+            status.changes_queued(queued);
+            status.set_node_eligible(node_eligible(cluster.nodes.get(&node.node_name)));
         }
         if !synced || !dirty {
             continue;
@@ -67,9 +84,11 @@ pub fn run(mut rx: SourceReceiver, node: NodeContext, out: SnapshotSender) {
         let current = out.borrow().clone();
         if rev >= 1 && *current.state == next {
             tracing::debug!(rev, "recomputed state is unchanged");
+            status.state_computed(rev, None);
             continue;
         }
         rev += 1;
+        status.state_computed(rev, Some(&next));
         tracing::info!(
             rev,
             services = next.services.len(),

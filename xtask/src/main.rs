@@ -6,6 +6,11 @@
 //!   `deploy/examples` and prints the published state.
 //! * `cargo xtask bench` — benchmarks, printed as ratios against baselines
 //!   measured in the same run.
+//! * `cargo xtask build-ebpf [--release]` — the eBPF object the daemon
+//!   embeds (installs the pinned nightly and bpf-linker when missing).
+
+mod e2e;
+mod ebpf;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,17 +20,36 @@ use anyhow::{bail, Context, Result};
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // Helpers the e2e suite runs inside test namespaces.
+    match args.first().map(String::as_str) {
+        Some("netexec") => return e2e::netexec::serve(&args[1..]),
+        Some("client") => return e2e::netexec::client(&args[1..]),
+        _ => {}
+    }
     let root = workspace_root();
     std::env::set_current_dir(&root)?;
     match args.first().map(String::as_str) {
         Some("test") => test(&root),
         Some("demo") => demo(&root),
         Some("bench") => bench(&root),
+        Some("e2e") => e2e_command(&root, &args[1..]),
+        Some("build-ebpf") => ebpf::build_ebpf(&root, &args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <test|demo|bench>");
+            eprintln!("usage: cargo xtask <test|demo|bench|build-ebpf [--release]>");
             std::process::exit(2);
         }
     }
+}
+
+fn e2e_command(root: &Path, args: &[String]) -> Result<()> {
+    let opts = e2e::parse_args(args)?;
+    run(cargo().args(["build", "--bin", "ebpf-kube-proxy"]))?;
+    let (passed, failed) = e2e::run(root, &opts)?;
+    println!("{passed} passed, {failed} failed");
+    if failed > 0 {
+        bail!("{failed} e2e scenario(s) failed");
+    }
+    Ok(())
 }
 
 fn workspace_root() -> PathBuf {
@@ -73,8 +97,17 @@ fn ensure_components(components: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn test(_root: &Path) -> Result<()> {
+fn test(root: &Path) -> Result<()> {
     ensure_components(&["rustfmt", "clippy"])?;
+    // shellcheck for the deploy script test; iproute2 and util-linux
+    // (nsenter) for the network-namespace tests.
+    ensure_debian_packages(&[
+        ("shellcheck", "shellcheck"),
+        ("ip", "iproute2"),
+        ("nsenter", "util-linux"),
+    ])?;
+    // First, so that the daemon embeds the eBPF object and its kernel tests run.
+    ebpf::build(root, true)?;
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     run(cargo().args([
         "clippy",
@@ -86,6 +119,29 @@ fn test(_root: &Path) -> Result<()> {
     ]))?;
     run(cargo().args(["test", "--workspace", "--no-fail-fast"]))?;
     Ok(())
+}
+
+/// Installs Debian packages whose command is missing (root, apt).
+fn ensure_debian_packages(wanted: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = wanted
+        .iter()
+        .filter(|(cmd, _)| {
+            !Command::new("sh")
+                .args(["-c", &format!("command -v {cmd}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
 struct KillOnDrop(Child);

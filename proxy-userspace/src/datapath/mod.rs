@@ -2,13 +2,17 @@
 //! computes the difference between the previous and the next state and
 //! touches only what changed.
 //!
-//! This build ships the `none` datapath only: it programs nothing and
-//! reports every state as applied. The eBPF and nftables datapaths are
-//! refused at start-up rather than faked.
+//! This build ships the `ebpf` datapath (socket-level load balancing, see
+//! [`ebpf`]) and `none` (programs nothing, publishes the state). The
+//! nftables datapath is refused at start-up rather than faked; `auto`
+//! tries eBPF and falls back to `none` with the reason in
+//! [`DatapathChoice`].
 
+pub mod ebpf;
 pub mod none;
 
 use std::fmt;
+use std::path::PathBuf;
 
 use crate::model::LocalState;
 
@@ -50,12 +54,73 @@ pub struct ApplyStats {
 pub enum DatapathError {
     #[error("{mode} datapath: {reason}")]
     Apply { mode: ProxyMode, reason: String },
+    #[error("ebpf datapath: {0}")]
+    Ebpf(ebpf::EbpfError),
 }
 
 pub trait Datapath: Send {
     fn mode(&self) -> ProxyMode;
     /// Programs `next`, given that `prev` is what is programmed now.
     fn apply(&mut self, prev: &LocalState, next: &LocalState) -> Result<ApplyStats, DatapathError>;
+}
+
+/// Which datapath runs, and why when it is not the one asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatapathChoice {
+    /// The datapath that runs.
+    pub mode: ProxyMode,
+    /// `--proxy-mode` as given.
+    pub requested: ProxyMode,
+    /// Why `mode` differs from `requested` (auto's fallback).
+    pub fallback_reason: Option<String>,
+}
+
+/// What the datapaths need from the configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatapathConfig {
+    pub mode: ProxyMode,
+    pub bpffs_root: PathBuf,
+    /// `None`: the cgroup v2 root.
+    pub cgroup_path: Option<PathBuf>,
+}
+
+/// Starts the datapath `--proxy-mode` asks for. `ebpf` fails when eBPF
+/// cannot be loaded; `auto` then logs one line with the cause and runs
+/// `none` (nftables is not in this build).
+pub fn select(
+    config: &DatapathConfig,
+) -> Result<(Box<dyn Datapath>, DatapathChoice), DatapathError> {
+    let ebpf_config = ebpf::EbpfConfig {
+        bpffs_root: config.bpffs_root.clone(),
+        cgroup_path: config.cgroup_path.clone(),
+    };
+    let choice = |mode, fallback_reason| DatapathChoice {
+        mode,
+        requested: config.mode,
+        fallback_reason,
+    };
+    match config.mode {
+        ProxyMode::Ebpf => {
+            let dp = ebpf::EbpfDatapath::open(&ebpf_config)?;
+            Ok((Box::new(dp), choice(ProxyMode::Ebpf, None)))
+        }
+        ProxyMode::Auto => match ebpf::EbpfDatapath::open(&ebpf_config) {
+            Ok(dp) => Ok((Box::new(dp), choice(ProxyMode::Ebpf, None))),
+            Err(e) => {
+                let reason = format!("eBPF datapath unavailable: {e}");
+                tracing::warn!(reason = %reason, "proxy-mode auto: running with proxy-mode none (state is published, nothing is programmed; no nftables datapath in this build)");
+                Ok((
+                    Box::new(none::NoneDatapath),
+                    choice(ProxyMode::None, Some(reason)),
+                ))
+            }
+        },
+        ProxyMode::None => Ok((Box::new(none::NoneDatapath), choice(ProxyMode::None, None))),
+        ProxyMode::Nftables => Err(DatapathError::Apply {
+            mode: ProxyMode::Nftables,
+            reason: "not available in this build; use auto, ebpf or none".to_owned(),
+        }),
+    }
 }
 
 /// Number of services whose content differs between two sorted states.

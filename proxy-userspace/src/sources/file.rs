@@ -27,6 +27,13 @@ const EXTENSIONS: &[&str] = &["yaml", "yml", "json"];
 const DEBOUNCE: Duration = Duration::from_millis(100);
 /// Safety net for file systems without inotify events (network mounts).
 const RESCAN_INTERVAL: Duration = Duration::from_secs(5);
+/// Test hook, read from the environment (deliberately not a flag): while
+/// the file this names exists, the source holds back `Synced` after its
+/// first read, like an API source whose initial list has not finished.
+/// Integration tests use it to see readiness fail on `informer-sync`.
+const HOLD_SYNCED_ENV: &str = "EBPF_KUBE_PROXY_TEST_HOLD_SOURCE";
+/// How often a held-back source looks at the hold file again.
+const HOLD_RECHECK: Duration = Duration::from_millis(100);
 
 /// Why a manifest (or one document in it) was not applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -357,6 +364,9 @@ pub async fn run(
         }
         if first {
             first = false;
+            if !hold_back_synced(&cancel).await {
+                return Ok(());
+            }
             tracing::info!(dir = %dir.display(), objects = current.objects().count(), "file source synced");
             if tx.send(SourceMessage::Synced).await.is_err() {
                 return Ok(());
@@ -374,6 +384,20 @@ pub async fn run(
             _ = tokio::time::sleep(RESCAN_INTERVAL) => {}
         }
     }
+}
+
+/// Waits while the [`HOLD_SYNCED_ENV`] file exists; false when cancelled.
+async fn hold_back_synced(cancel: &CancellationToken) -> bool {
+    let Some(hold) = std::env::var_os(HOLD_SYNCED_ENV).map(PathBuf::from) else {
+        return true;
+    };
+    while hold.exists() {
+        tokio::select! {
+            _ = cancel.cancelled() => return false,
+            _ = tokio::time::sleep(HOLD_RECHECK) => {}
+        }
+    }
+    true
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! errors they ran into (for logs and metrics).
 
 pub mod file;
+pub mod kube;
 pub mod objects;
 
 use tokio::sync::mpsc;
@@ -17,6 +18,14 @@ pub enum SourceMessage {
     Synced,
     /// Manifests or objects that were rejected (the last good state stays).
     Errors(Vec<file::ManifestError>),
+    /// A watch failed or delivered an invalid object; the last good state
+    /// stays and the watch is retried with backoff. `reason` is one of
+    /// `watch`, `relist_410`, `invalid_object`.
+    WatchError {
+        resource: &'static str,
+        reason: &'static str,
+        message: String,
+    },
 }
 
 pub type SourceSender = mpsc::Sender<SourceMessage>;

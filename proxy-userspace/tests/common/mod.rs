@@ -54,71 +54,122 @@ pub fn write_atomic(path: &Path, content: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
+/// A temporary directory with `manifests/` holding `files` (name, content).
+pub fn manifests_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    for (name, content) in files {
+        std::fs::write(manifests.join(name), content).unwrap();
+    }
+    dir
+}
+
 pub struct Daemon {
     child: Option<Child>,
     pub dir: tempfile::TempDir,
     pub addr: SocketAddr,
     pub socket: PathBuf,
     pub log: PathBuf,
+    /// `--metrics-bind-address`: the status server (10249 in production).
+    pub metrics: SocketAddr,
+    /// `--healthz-bind-address`: kube-proxy's health server (10256).
+    pub healthz: SocketAddr,
 }
 
 impl Daemon {
     /// Starts the daemon on `files` (name, content) and waits until its
     /// unix socket accepts connections.
     pub fn start(files: &[(&str, &str)]) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let manifests = dir.path().join("manifests");
-        std::fs::create_dir(&manifests).unwrap();
-        for (name, content) in files {
-            std::fs::write(manifests.join(name), content).unwrap();
-        }
-        Self::start_in(dir, &[])
+        Self::start_in(manifests_dir(files), &[])
+    }
+
+    /// As [`Daemon::start_in`], with extra environment variables (the
+    /// daemon's test hooks).
+    pub fn start_in_env(
+        dir: tempfile::TempDir,
+        extra: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Daemon {
+        let manifests = dir.path().join("manifests").display().to_string();
+        let mut args = vec!["--source", "file", "--manifests", manifests.as_str()];
+        args.extend_from_slice(extra);
+        Self::spawn_env(dir, &args, env)
     }
 
     pub fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Daemon {
+        let manifests = dir.path().join("manifests").display().to_string();
+        let mut args = vec!["--source", "file", "--manifests", manifests.as_str()];
+        args.extend_from_slice(extra);
+        Self::spawn(dir, &args)
+    }
+
+    /// The daemon on the kube source, talking to the API server described
+    /// by `kubeconfig`.
+    pub fn start_kube(dir: tempfile::TempDir, kubeconfig: &Path, extra: &[&str]) -> Daemon {
+        let kubeconfig = kubeconfig.display().to_string();
+        let mut args = vec!["--source", "kube", "--kubeconfig", kubeconfig.as_str()];
+        args.extend_from_slice(extra);
+        Self::spawn(dir, &args)
+    }
+
+    /// Starts the binary with `args` plus this test's own listeners.
+    pub fn spawn(dir: tempfile::TempDir, args: &[&str]) -> Daemon {
+        Self::spawn_env(dir, args, &[])
+    }
+
+    pub fn spawn_env(
+        dir: tempfile::TempDir,
+        args: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Daemon {
         let addr = free_port();
+        let (metrics, healthz) = (free_port(), free_port());
         let socket = dir.path().join("run/localnet.sock");
         let log = dir.path().join("daemon.log");
         let child = Command::new(BIN)
-            .args([
-                "--source",
-                "file",
-                "--hostname-override",
-                "n1",
-                "--proxy-mode",
-                "none",
-            ])
-            .arg("--manifests")
-            .arg(dir.path().join("manifests"))
+            .args(["--hostname-override", "n1", "--proxy-mode", "none"])
             .arg("--localnet-bind-address")
             .arg(addr.to_string())
             .arg("--localnet-socket")
             .arg(&socket)
             .arg("--podinfo-socket")
             .arg(dir.path().join("run/podinfo.sock"))
-            .args(extra)
+            .arg("--metrics-bind-address")
+            .arg(metrics.to_string())
+            .arg("--healthz-bind-address")
+            .arg(healthz.to_string())
+            .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let d = Daemon {
+        let mut d = Daemon {
             child: Some(child),
             dir,
             addr,
             socket,
             log,
+            metrics,
+            healthz,
         };
         d.wait_listening();
         d
     }
 
-    fn wait_listening(&self) {
+    fn wait_listening(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                panic!("daemon exited with {status}; log:\n{}", self.log_text());
+            }
             if std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
                 && std::net::TcpStream::connect(self.addr).is_ok()
+                && std::net::TcpStream::connect(self.metrics).is_ok()
+                && std::net::TcpStream::connect(self.healthz).is_ok()
             {
                 return;
             }
@@ -149,17 +200,28 @@ impl Daemon {
 
     /// SIGTERM, then waits (bounded) for the exit.
     pub fn terminate(&mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("daemon already stopped");
+        self.sigterm();
+        self.wait_exit(Duration::from_secs(10))
+    }
+
+    /// Sends SIGTERM without waiting.
+    pub fn sigterm(&self) {
+        let child = self.child.as_ref().expect("daemon already stopped");
         let pid = child.id().to_string();
         Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
+    }
+
+    /// Waits up to `timeout` for the exit (after [`Daemon::sigterm`]).
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("daemon already stopped");
+        let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = child.try_wait().unwrap() {
                 return status;
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
-                panic!("daemon did not exit within 10 s of SIGTERM");
+                panic!("daemon did not exit within {timeout:?} of SIGTERM");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -174,3 +236,114 @@ impl Drop for Daemon {
         }
     }
 }
+
+/// One HTTP/1.1 answer, as it came over the wire.
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    /// Header names lower-cased, in wire order.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    /// The only value of header `name`; panics when it is repeated.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let all = self.header_all(name);
+        assert!(all.len() <= 1, "header {name} repeated: {all:?}");
+        all.first().copied()
+    }
+
+    pub fn header_all(&self, name: &str) -> Vec<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .filter(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8(self.body.clone()).expect("UTF-8 body")
+    }
+}
+
+/// A raw HTTP/1.1 request (one connection, `Connection: close`), so tests
+/// see exact status lines, headers and body bytes.
+pub fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> HttpResponse {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).unwrap();
+
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(&raw)));
+    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
+    let mut rest = raw[split + 4..].to_vec();
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap();
+    let status: u16 = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+    let headers: Vec<(String, String)> = lines
+        .map(|l| {
+            let (n, v) = l.split_once(':').unwrap();
+            (n.trim().to_ascii_lowercase(), v.trim().to_owned())
+        })
+        .collect();
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    let body = if method == "HEAD" {
+        Vec::new()
+    } else if header("transfer-encoding").is_some_and(|t| t.eq_ignore_ascii_case("chunked")) {
+        let mut body = Vec::new();
+        loop {
+            let line_end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+            let size_text = String::from_utf8(rest[..line_end].to_vec()).unwrap();
+            let size =
+                usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16).unwrap();
+            rest.drain(..line_end + 2);
+            if size == 0 {
+                break;
+            }
+            body.extend(rest.drain(..size));
+            rest.drain(..2);
+        }
+        body
+    } else if let Some(len) = header("content-length") {
+        let len: usize = len.parse().unwrap();
+        assert_eq!(rest.len(), len, "body length");
+        rest
+    } else {
+        rest
+    };
+    HttpResponse {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// `GET path` without extra headers.
+pub fn get(addr: SocketAddr, path: &str) -> HttpResponse {
+    http(addr, "GET", path, &[])
+}
+pub mod fake_apiserver;

@@ -1,0 +1,301 @@
+//! `--config FILE`: a kube-proxy `KubeProxyConfiguration`
+//! (kubeproxy.config.k8s.io/v1alpha1) merged under the command line, as
+//! kube-proxy does: a flag given on the command line wins over the file.
+//!
+//! The file's values are written into the daemon's flags before they are
+//! validated, so `/flagz` shows the effective value whatever its origin.
+//! Fields that do not apply to this proxy are accepted (a kube-proxy
+//! configuration must work unchanged); unknown fields are warned about;
+//! invalid values are errors naming the field.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::cli::DaemonFlags;
+use crate::net::parse_cidr_list;
+
+pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
+pub const KIND: &str = "KubeProxyConfiguration";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    #[error("--config {file}: {reason}")]
+    Read { file: String, reason: String },
+    #[error("--config {file}: {field}: {reason}")]
+    Field {
+        file: String,
+        field: String,
+        reason: String,
+    },
+}
+
+/// kube-proxy fields this proxy reads.
+const USED: &[&str] = &[
+    "apiVersion",
+    "kind",
+    "bindAddress",
+    "healthzBindAddress",
+    "metricsBindAddress",
+    "clusterCIDR",
+    "hostnameOverride",
+    "mode",
+    "nodePortAddresses",
+    "syncPeriod",
+    "clientConnection",
+];
+/// kube-proxy fields accepted without effect here.
+const NOT_APPLICABLE: &[&str] = &[
+    "bindAddressHardFail",
+    "configSyncPeriod",
+    "conntrack",
+    "detectLocal",
+    "detectLocalMode",
+    "enableProfiling",
+    "featureGates",
+    "iptables",
+    "ipvs",
+    "linux",
+    "logging",
+    "minSyncPeriod",
+    "nftables",
+    "oomScoreAdj",
+    "portRange",
+    "showHiddenMetricsForVersion",
+    "udpIdleTimeout",
+    "windows",
+    "winkernel",
+];
+
+/// Merges `flags.config` (when set) into `flags`; `from_command_line(id)`
+/// says whether the flag with clap id `id` was given on the command line.
+pub fn merge(
+    flags: &mut DaemonFlags,
+    from_command_line: impl Fn(&str) -> bool,
+) -> Result<(), ConfigFileError> {
+    let file = flags.config.trim().to_owned();
+    if file.is_empty() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(Path::new(&file)).map_err(|e| ConfigFileError::Read {
+        file: file.clone(),
+        reason: e.to_string(),
+    })?;
+    let doc: Value = serde_yaml::from_str(&text).map_err(|e| ConfigFileError::Read {
+        file: file.clone(),
+        reason: e.to_string(),
+    })?;
+    let field_err = |field: &str, reason: String| ConfigFileError::Field {
+        file: file.clone(),
+        field: field.to_owned(),
+        reason,
+    };
+    let Value::Object(map) = &doc else {
+        return Err(ConfigFileError::Read {
+            file,
+            reason: "not a KubeProxyConfiguration mapping".to_owned(),
+        });
+    };
+    if map.get("apiVersion").and_then(Value::as_str) != Some(API_VERSION) {
+        return Err(field_err("apiVersion", format!("must be {API_VERSION}")));
+    }
+    if map.get("kind").and_then(Value::as_str) != Some(KIND) {
+        return Err(field_err("kind", format!("must be {KIND}")));
+    }
+    for key in map.keys() {
+        if NOT_APPLICABLE.contains(&key.as_str()) {
+            tracing::debug!(file = %file, field = %key, "KubeProxyConfiguration field does not apply to ebpf-kube-proxy; ignored");
+        } else if !USED.contains(&key.as_str()) {
+            tracing::warn!(file = %file, field = %key, "unknown KubeProxyConfiguration field; ignored");
+        }
+    }
+
+    let text_field = |name: &str| -> Result<Option<String>, ConfigFileError> {
+        match map.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(field_err(name, format!("must be a string, got {other}"))),
+        }
+    };
+
+    if let Some(addr) = text_field("bindAddress")? {
+        if !addr.is_empty() {
+            addr.parse::<IpAddr>()
+                .map_err(|_| field_err("bindAddress", format!("{addr:?} is not an IP address")))?;
+        }
+    }
+    for (field, id) in [
+        ("healthzBindAddress", "healthz_bind_address"),
+        ("metricsBindAddress", "metrics_bind_address"),
+    ] {
+        if let Some(v) = text_field(field)? {
+            if v.is_empty() || from_command_line(id) {
+                continue;
+            }
+            v.parse::<std::net::SocketAddr>()
+                .map_err(|_| field_err(field, format!("{v:?} is not IP:PORT")))?;
+            match id {
+                "healthz_bind_address" => flags.healthz_bind_address = v,
+                _ => flags.metrics_bind_address = v,
+            }
+        }
+    }
+    if let Some(v) = text_field("clusterCIDR")? {
+        parse_cidr_list(&v).map_err(|r| field_err("clusterCIDR", r))?;
+        if !from_command_line("cluster_cidr") {
+            flags.cluster_cidr = v;
+        }
+    }
+    if let Some(v) = text_field("hostnameOverride")? {
+        if !v.is_empty() && !from_command_line("hostname_override") {
+            flags.hostname_override = v;
+        }
+    }
+    if let Some(v) = text_field("mode")? {
+        use crate::datapath::ProxyMode;
+        let mode = match v.as_str() {
+            "" | "auto" => Some(ProxyMode::Auto),
+            "ebpf" => Some(ProxyMode::Ebpf),
+            "nftables" => Some(ProxyMode::Nftables),
+            "none" => Some(ProxyMode::None),
+            "iptables" | "ipvs" | "kernelspace" => {
+                tracing::warn!(file = %file, mode = %v, "mode is a kube-proxy datapath this proxy replaces; using auto");
+                Some(ProxyMode::Auto)
+            }
+            other => {
+                return Err(field_err(
+                    "mode",
+                    format!("{other:?} is not one of auto, ebpf, nftables, none"),
+                ))
+            }
+        };
+        if let Some(mode) = mode.filter(|_| !from_command_line("proxy_mode")) {
+            flags.proxy_mode = mode;
+        }
+    }
+    match map.get("nodePortAddresses") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(items)) => {
+            let mut cidrs = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                let field = format!("nodePortAddresses[{i}]");
+                let s = item
+                    .as_str()
+                    .ok_or_else(|| field_err(&field, "must be a string".to_owned()))?;
+                if s == "primary" {
+                    tracing::warn!(file = %file, "nodePortAddresses \"primary\" is not supported; NodePorts use all node addresses");
+                    continue;
+                }
+                parse_cidr_list(s).map_err(|r| field_err(&field, r))?;
+                cidrs.push(s.to_owned());
+            }
+            if !from_command_line("nodeport_addresses") {
+                flags.nodeport_addresses = cidrs.join(",");
+            }
+        }
+        Some(other) => {
+            return Err(field_err(
+                "nodePortAddresses",
+                format!("must be a list, got {other}"),
+            ))
+        }
+    }
+    if let Some(v) = text_field("syncPeriod")? {
+        crate::config::parse_duration(&v).map_err(|r| field_err("syncPeriod", r))?;
+        if !from_command_line("sync_period") {
+            flags.sync_period = v;
+        }
+    }
+    if let Some(cc) = map.get("clientConnection") {
+        match cc.get("kubeconfig") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(k)) => {
+                if !k.is_empty() && !from_command_line("kubeconfig") {
+                    flags.kubeconfig = k.clone();
+                }
+            }
+            Some(other) => {
+                return Err(field_err(
+                    "clientConnection.kubeconfig",
+                    format!("must be a string, got {other}"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn flags_with(config: &str, args: &[&str]) -> (DaemonFlags, Result<(), ConfigFileError>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.conf");
+        std::fs::write(&path, config).unwrap();
+        let mut argv = vec![
+            "ebpf-kube-proxy".to_owned(),
+            format!("--config={}", path.display()),
+        ];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        let cli = crate::cli::Cli::try_parse_from(&argv).unwrap();
+        let mut flags = cli.daemon;
+        let given: Vec<String> = args
+            .iter()
+            .filter_map(|a| a.strip_prefix("--"))
+            .map(|a| a.split('=').next().unwrap_or("").replace('-', "_"))
+            .collect();
+        let r = merge(&mut flags, |id| given.iter().any(|g| g == id));
+        (flags, r)
+    }
+
+    const HEAD: &str =
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+
+    #[test]
+    fn file_values_apply_and_command_line_flags_win() {
+        let cfg = format!(
+            "{HEAD}clusterCIDR: 10.244.0.0/16\nmetricsBindAddress: 127.0.0.1:20249\nsyncPeriod: 1m0s\n\
+             mode: nftables\nnodePortAddresses: [10.0.0.0/8]\nconntrack: {{maxPerCore: 0}}\n\
+             clientConnection: {{kubeconfig: /etc/kube/config}}\n"
+        );
+        let (f, r) = flags_with(&cfg, &["--cluster-cidr=10.100.0.0/16"]);
+        r.unwrap();
+        assert_eq!(f.cluster_cidr, "10.100.0.0/16", "the command line wins");
+        assert_eq!(f.metrics_bind_address, "127.0.0.1:20249");
+        assert_eq!(f.sync_period, "1m0s");
+        assert_eq!(f.proxy_mode, crate::datapath::ProxyMode::Nftables);
+        assert_eq!(f.nodeport_addresses, "10.0.0.0/8");
+        assert_eq!(f.kubeconfig, "/etc/kube/config");
+    }
+
+    #[test]
+    fn invalid_fields_are_named() {
+        let cases = [
+            (format!("{HEAD}clusterCIDR: 10.0.0.0/99\n"), "clusterCIDR"),
+            (
+                format!("{HEAD}healthzBindAddress: nope\n"),
+                "healthzBindAddress",
+            ),
+            (format!("{HEAD}mode: userspace\n"), "mode"),
+            (format!("{HEAD}syncPeriod: soon\n"), "syncPeriod"),
+            (
+                format!("{HEAD}nodePortAddresses: [1]\n"),
+                "nodePortAddresses[0]",
+            ),
+            (
+                "apiVersion: v1\nkind: KubeProxyConfiguration\n".to_owned(),
+                "apiVersion",
+            ),
+        ];
+        for (cfg, field) in cases {
+            let (_, r) = flags_with(&cfg, &[]);
+            match r {
+                Err(ConfigFileError::Field { field: f, .. }) => assert_eq!(f, field, "{cfg}"),
+                other => panic!("{cfg}: expected an error on {field}, got {other:?}"),
+            }
+        }
+    }
+}

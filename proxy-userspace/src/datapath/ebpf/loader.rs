@@ -1,0 +1,609 @@
+//! The node side of the eBPF datapath: prerequisites (capabilities, BTF,
+//! cgroup v2, bpffs), loading and attaching the programs with pinned
+//! links, replacing an earlier daemon's links without a gap, and cleanup.
+//!
+//! Pin layout under `--bpffs-root`:
+//! ```text
+//! EKP_SERVICES EKP_BACKENDS EKP_REVNAT EKP_AFFINITY EKP_STATS   maps
+//! links/ekp_connect4 … links/ekp_getpeername6                    bpf_links
+//! ```
+//! A pinned link keeps its program attached after the daemon exits;
+//! removing the pin detaches it.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use aya::maps::MapData;
+use aya::programs::links::FdLink;
+use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError};
+use aya::EbpfLoader;
+use proxy_common::{
+    AffinityKey, AffinityValue, Backend, RevNatKey, RevNatValue, ServiceKey, ServiceValue,
+    MAP_AFFINITY, MAP_BACKENDS, MAP_REVNAT, MAP_SERVICES, MAP_STATS, MAX_AFFINITY, MAX_BACKENDS,
+    MAX_REVNAT, MAX_SERVICE_ENTRIES, STAT_COUNT,
+};
+
+use super::maps::KernelMaps;
+use super::{EbpfConfig, EbpfError, BPFFS_MOUNT};
+
+/// Program (function) names in the object, one per hook.
+pub const PROGRAMS: [&str; 8] = [
+    "ekp_connect4",
+    "ekp_connect6",
+    "ekp_sendmsg4",
+    "ekp_sendmsg6",
+    "ekp_recvmsg4",
+    "ekp_recvmsg6",
+    "ekp_getpeername4",
+    "ekp_getpeername6",
+];
+
+/// Every map with the key size, value size and capacity this binary uses.
+pub const MAPS: [(&str, usize, usize, u32); 5] = [
+    (
+        MAP_SERVICES,
+        size_of::<ServiceKey>(),
+        size_of::<ServiceValue>(),
+        MAX_SERVICE_ENTRIES,
+    ),
+    (
+        MAP_BACKENDS,
+        size_of::<u32>(),
+        size_of::<Backend>(),
+        MAX_BACKENDS,
+    ),
+    (
+        MAP_REVNAT,
+        size_of::<RevNatKey>(),
+        size_of::<RevNatValue>(),
+        MAX_REVNAT,
+    ),
+    (
+        MAP_AFFINITY,
+        size_of::<AffinityKey>(),
+        size_of::<AffinityValue>(),
+        MAX_AFFINITY,
+    ),
+    (MAP_STATS, size_of::<u32>(), size_of::<u64>(), STAT_COUNT),
+];
+
+pub const LINKS_DIR: &str = "links";
+
+/// One line of /proc/self/mountinfo.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mount {
+    pub mount_point: PathBuf,
+    pub fs_type: String,
+}
+
+/// Undoes mountinfo's octal escapes (`\040` is a space).
+fn unescape(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .is_some_and(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        if b[i] == b'\\' && octal {
+            let d = |k: usize| u32::from(b[i + k] - b'0');
+            out.push(u8::try_from(d(1) * 64 + d(2) * 8 + d(3)).unwrap_or(b'?'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parses /proc/self/mountinfo (`ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTS
+/// [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTS`).
+pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mount_point = left.split(' ').nth(4)?;
+            let fs_type = right.split(' ').next()?;
+            Some(Mount {
+                mount_point: PathBuf::from(unescape(mount_point)),
+                fs_type: fs_type.to_owned(),
+            })
+        })
+        .collect()
+}
+
+fn mounts() -> Vec<Mount> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| parse_mountinfo(&t))
+        .unwrap_or_default()
+}
+
+/// The cgroup v2 root: the first cgroup2 mount (`/sys/fs/cgroup` on a
+/// unified host, `/sys/fs/cgroup/unified` on a hybrid one).
+pub fn cgroup2_root(mounts: &[Mount]) -> Option<PathBuf> {
+    mounts
+        .iter()
+        .find(|m| m.fs_type == "cgroup2")
+        .map(|m| m.mount_point.clone())
+}
+
+/// The mount that holds `path` (the longest mount point above it; the
+/// later line wins for stacked mounts).
+pub fn mount_of<'a>(mounts: &'a [Mount], path: &Path) -> Option<&'a Mount> {
+    mounts
+        .iter()
+        .filter(|m| path.starts_with(&m.mount_point))
+        .fold(None, |best: Option<&Mount>, m| match best {
+            Some(b) if b.mount_point.as_os_str().len() > m.mount_point.as_os_str().len() => Some(b),
+            _ => Some(m),
+        })
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(path))
+            .unwrap_or_else(|_| path.to_path_buf())
+    }
+}
+
+/// Effective capabilities of this process (the CapEff mask).
+fn effective_caps() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))?
+        .trim();
+    u64::from_str_radix(hex, 16).ok()
+}
+
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_BPF: u32 = 39;
+
+/// Names of the capabilities `caps` lacks for loading and attaching
+/// cgroup sock_addr programs (CAP_SYS_ADMIN covers both on any kernel).
+pub fn missing_caps(caps: u64) -> Vec<&'static str> {
+    let has = |c: u32| caps & (1u64 << c) != 0;
+    if has(CAP_SYS_ADMIN) {
+        return vec![];
+    }
+    let mut missing = vec![];
+    if !has(CAP_BPF) {
+        missing.push("CAP_BPF");
+    }
+    if !has(CAP_NET_ADMIN) {
+        missing.push("CAP_NET_ADMIN");
+    }
+    missing
+}
+
+fn check_capabilities() -> Result<(), EbpfError> {
+    let Some(caps) = effective_caps() else {
+        return Ok(()); // no /proc: let the syscalls tell
+    };
+    let missing = missing_caps(caps);
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(EbpfError::Capabilities {
+            missing: missing.join(", "),
+        })
+    }
+}
+
+fn check_btf() -> Result<(), EbpfError> {
+    if Path::new("/sys/kernel/btf/vmlinux").exists() {
+        Ok(())
+    } else {
+        Err(EbpfError::NoBtf)
+    }
+}
+
+/// The cgroup v2 directory to attach to.
+pub fn resolve_cgroup(config: &EbpfConfig, mounts: &[Mount]) -> Result<PathBuf, EbpfError> {
+    let Some(path) = &config.cgroup_path else {
+        return cgroup2_root(mounts).ok_or(EbpfError::NoCgroup2);
+    };
+    let path = absolute(path);
+    let bad = |reason: String| EbpfError::CgroupPath {
+        path: path.clone(),
+        reason,
+    };
+    match mount_of(mounts, &path) {
+        Some(m) if m.fs_type == "cgroup2" && !path.is_dir() => {
+            Err(bad("no such directory".to_owned()))
+        }
+        Some(m) if m.fs_type == "cgroup2" => Ok(path),
+        Some(m) => Err(bad(format!(
+            "on a {} filesystem, not cgroup2{}",
+            m.fs_type,
+            cgroup2_root(mounts)
+                .map(|r| format!(" (the cgroup v2 root is {})", r.display()))
+                .unwrap_or_default()
+        ))),
+        None if cgroup2_root(mounts).is_none() => Err(EbpfError::NoCgroup2),
+        None => Err(bad("not below any mount".to_owned())),
+    }
+}
+
+fn mount_bpffs(at: &Path) -> Result<(), EbpfError> {
+    let err = |reason: String| EbpfError::Bpffs {
+        path: at.to_path_buf(),
+        reason,
+    };
+    std::fs::create_dir_all(at).map_err(|e| err(format!("creating the mount point: {e}")))?;
+    let target = std::ffi::CString::new(at.as_os_str().as_encoded_bytes())
+        .map_err(|_| err("path contains a NUL byte".to_owned()))?;
+    // SAFETY: all pointers are valid NUL-terminated strings that outlive
+    // the call; `data` is a C string of mount options.
+    let rc = unsafe {
+        libc::mount(
+            c"bpf".as_ptr(),
+            target.as_ptr(),
+            c"bpf".as_ptr(),
+            0,
+            c"mode=0700".as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(err(format!(
+            "mount -t bpf failed: {}",
+            io::Error::last_os_error()
+        )));
+    }
+    tracing::info!(path = %at.display(), "mounted bpffs");
+    Ok(())
+}
+
+/// Makes sure `root` is a directory on a bpf filesystem, mounting bpffs at
+/// /sys/fs/bpf (for a root below it) or at `root` itself when needed.
+pub fn ensure_bpffs(root: &Path) -> Result<PathBuf, EbpfError> {
+    let root = absolute(root);
+    let on_bpffs = |mounts: &[Mount]| mount_of(mounts, &root).is_some_and(|m| m.fs_type == "bpf");
+    if !on_bpffs(&mounts()) {
+        let at = if root.starts_with(BPFFS_MOUNT) {
+            PathBuf::from(BPFFS_MOUNT)
+        } else {
+            root.clone()
+        };
+        mount_bpffs(&at)?;
+        if !on_bpffs(&mounts()) {
+            return Err(EbpfError::Bpffs {
+                path: root,
+                reason: "still not on a bpf filesystem after mounting one".to_owned(),
+            });
+        }
+    }
+    std::fs::create_dir_all(root.join(LINKS_DIR)).map_err(|e| EbpfError::Bpffs {
+        path: root.clone(),
+        reason: format!("creating the pin directory: {e}"),
+    })?;
+    Ok(root)
+}
+
+/// An errno anywhere in an error's source chain.
+pub fn errno_in(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            if let Some(code) = io.raw_os_error() {
+                return Some(code);
+            }
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// The error text with its causes, `a: b: c`.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        let t = err.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = err.source();
+    }
+    s
+}
+
+/// Permission errors become the capabilities error, whatever the step.
+fn classify(
+    e: &(dyn std::error::Error + 'static),
+    otherwise: impl FnOnce(String) -> EbpfError,
+) -> EbpfError {
+    match errno_in(e) {
+        Some(libc::EPERM) => EbpfError::Capabilities {
+            missing: format!("(the kernel said EPERM: {})", chain(e)),
+        },
+        _ => otherwise(chain(e)),
+    }
+}
+
+/// Refuses pinned maps whose shape differs from this binary's (a
+/// different layout would be misread by the new programs).
+fn check_pinned_maps(root: &Path) -> Result<(), EbpfError> {
+    for (name, key, value, capacity) in MAPS {
+        let path = root.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let incompatible = |reason: String| EbpfError::IncompatiblePin {
+            path: path.clone(),
+            root: root.to_path_buf(),
+            reason,
+        };
+        let info = MapData::from_pin(&path)
+            .and_then(|m| m.info())
+            .map_err(|e| incompatible(chain(&e)))?;
+        let got = (
+            info.key_size() as usize,
+            info.value_size() as usize,
+            info.max_entries(),
+        );
+        if got != (key, value, capacity) {
+            return Err(incompatible(format!(
+                "key/value size and capacity {got:?}, expected {:?}",
+                (key, value, capacity)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The result of [`load_and_attach`].
+pub struct Attached {
+    pub maps: KernelMaps,
+    pub cgroup: PathBuf,
+    /// Links of an earlier daemon that the new ones replaced.
+    pub replaced_links: usize,
+}
+
+/// Loads the object, reusing pinned maps, attaches every program to the
+/// cgroup with a pinned link, then removes the links it replaces.
+pub fn load_and_attach(object: &[u8], config: &EbpfConfig) -> Result<Attached, EbpfError> {
+    check_capabilities()?;
+    check_btf()?;
+    let mounts = mounts();
+    let cgroup = resolve_cgroup(config, &mounts)?;
+    let root = ensure_bpffs(&config.bpffs_root)?;
+    check_pinned_maps(&root)?;
+
+    let mut ebpf = EbpfLoader::new()
+        .default_map_pin_directory(&root)
+        .load(object)
+        .map_err(|e| classify(&e, EbpfError::Load))?;
+    let cgroup_dir = File::open(&cgroup).map_err(|e| EbpfError::CgroupPath {
+        path: cgroup.clone(),
+        reason: format!("opening: {e}"),
+    })?;
+    let links_dir = root.join(LINKS_DIR);
+
+    // Load every program before attaching any, so a verifier rejection
+    // leaves the running datapath (if any) untouched.
+    for name in PROGRAMS {
+        let prog: &mut CgroupSockAddr = ebpf
+            .program_mut(name)
+            .ok_or_else(|| EbpfError::Load(format!("program {name} is not in the object")))?
+            .try_into()
+            .map_err(|e: ProgramError| EbpfError::Load(format!("{name}: {}", chain(&e))))?;
+        prog.load().map_err(|e| match e {
+            ProgramError::LoadError {
+                io_error,
+                verifier_log,
+            } if io_error.raw_os_error() != Some(libc::EPERM) => EbpfError::Verifier {
+                program: name.to_owned(),
+                error: io_error,
+                log: tail(&verifier_log.to_string(), 25),
+            },
+            other => classify(&other, |r| EbpfError::Load(format!("{name}: {r}"))),
+        })?;
+    }
+
+    let mut replaced = 0;
+    for name in PROGRAMS {
+        let prog: &mut CgroupSockAddr = ebpf
+            .program_mut(name)
+            .ok_or_else(|| EbpfError::Load(format!("program {name} is not in the object")))?
+            .try_into()
+            .map_err(|e: ProgramError| EbpfError::Load(format!("{name}: {}", chain(&e))))?;
+        let attach_err = |reason: String| EbpfError::Attach {
+            program: name.to_owned(),
+            cgroup: cgroup.clone(),
+            reason,
+        };
+        // A bpf_link on a cgroup is always multi-attach: the old daemon's
+        // program keeps running until its link pin goes away below.
+        let id = prog
+            .attach(&cgroup_dir, CgroupAttachMode::Single)
+            .map_err(|e| classify(&e, attach_err))?;
+        let link: FdLink = prog
+            .take_link(id)
+            .map_err(|e| EbpfError::Load(chain(&e)))?
+            .try_into()
+            .map_err(|e: aya::programs::links::LinkError| EbpfError::Attach {
+                program: name.to_owned(),
+                cgroup: cgroup.clone(),
+                reason: format!(
+                    "the kernel has no bpf_link for cgroups (5.7 or newer is needed): {}",
+                    chain(&e)
+                ),
+            })?;
+        let pin = links_dir.join(name);
+        let fresh = links_dir.join(format!("{name}.new"));
+        remove_if_exists(&fresh)?;
+        // Dropping the PinnedLink closes our fd; the pin keeps it attached.
+        drop(link.pin(&fresh).map_err(|e| EbpfError::Pin {
+            path: fresh.clone(),
+            reason: chain(&e),
+        })?);
+        // The old link (if any) detaches when its pin is replaced: rename
+        // over it is atomic, so the program is never missing.
+        if pin.exists() {
+            replaced += 1;
+        }
+        std::fs::rename(&fresh, &pin).map_err(|e| EbpfError::Pin {
+            path: pin.clone(),
+            reason: format!("renaming {} over it: {e}", fresh.display()),
+        })?;
+        tracing::debug!(program = name, cgroup = %cgroup.display(), pin = %pin.display(), "attached");
+    }
+
+    let maps = KernelMaps::take(&mut ebpf)?;
+    Ok(Attached {
+        maps,
+        cgroup,
+        replaced_links: replaced,
+    })
+}
+
+fn tail(log: &str, lines: usize) -> String {
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn remove_if_exists(path: &Path) -> Result<bool, EbpfError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(EbpfError::Pin {
+            path: path.to_path_buf(),
+            reason: format!("removing: {e}"),
+        }),
+    }
+}
+
+/// What [`cleanup`] removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CleanupReport {
+    pub links: Vec<String>,
+    pub maps: Vec<String>,
+    pub unmounted: bool,
+}
+
+/// Detaches the programs (removing their link pins, the last reference:
+/// the kernel then unloads them) and removes the map pins and the
+/// directory. Idempotent; a missing directory is not an error.
+pub fn cleanup(bpffs_root: &Path) -> Result<CleanupReport, EbpfError> {
+    let root = absolute(bpffs_root);
+    let mut report = CleanupReport::default();
+    if !root.exists() {
+        return Ok(report);
+    }
+    let links_dir = root.join(LINKS_DIR);
+    if let Ok(entries) = std::fs::read_dir(&links_dir) {
+        let mut names: Vec<String> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        for name in names {
+            if remove_if_exists(&links_dir.join(&name))? {
+                report.links.push(name);
+            }
+        }
+    }
+    remove_dir_if_exists(&links_dir)?;
+    for (name, ..) in MAPS {
+        if remove_if_exists(&root.join(name))? {
+            report.maps.push(name.to_owned());
+        }
+    }
+    let mounts = mounts();
+    let own_mount = root != Path::new(BPFFS_MOUNT)
+        && mounts
+            .iter()
+            .any(|m| m.mount_point == root && m.fs_type == "bpf");
+    if own_mount {
+        let target = std::ffi::CString::new(root.as_os_str().as_encoded_bytes()).map_err(|_| {
+            EbpfError::Bpffs {
+                path: root.clone(),
+                reason: "path contains a NUL byte".to_owned(),
+            }
+        })?;
+        // SAFETY: `target` is a valid NUL-terminated path for the call.
+        let rc = unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        report.unmounted = rc == 0;
+    }
+    remove_dir_if_exists(&root)?;
+    Ok(report)
+}
+
+fn remove_dir_if_exists(path: &Path) -> Result<(), EbpfError> {
+    match std::fs::remove_dir(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(EbpfError::Pin {
+            path: path.to_path_buf(),
+            reason: format!("removing the directory: {e} (something else is pinned there)"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+25 22 0:22 / /sys rw,nosuid shared:7 - sysfs sysfs rw
+30 25 0:26 / /sys/fs/cgroup ro,nosuid shared:9 - tmpfs tmpfs ro,mode=755
+31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid shared:10 - cgroup2 cgroup2 rw,nsdelegate
+40 25 0:35 / /sys/fs/bpf rw,relatime shared:20 - bpf bpf rw,mode=700
+41 22 0:36 / /mnt/with\\040space rw - tmpfs none rw
+";
+
+    #[test]
+    fn mountinfo_finds_the_cgroup2_root_and_the_mount_of_a_path() {
+        let m = parse_mountinfo(HYBRID);
+        assert_eq!(m.len(), 6);
+        assert_eq!(
+            cgroup2_root(&m),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        let fs = |p: &str| mount_of(&m, Path::new(p)).map(|m| m.fs_type.as_str());
+        assert_eq!(fs("/sys/fs/cgroup/unified/ekp-test"), Some("cgroup2"));
+        assert_eq!(fs("/sys/fs/cgroup/memory"), Some("tmpfs"));
+        assert_eq!(fs("/sys/fs/bpf/ebpf-kube-proxy"), Some("bpf"));
+        assert_eq!(fs("/sys/fs/bpfx"), Some("sysfs"));
+        assert_eq!(fs("/tmp"), Some("ext4"));
+        assert_eq!(fs("/mnt/with space/x"), Some("tmpfs"));
+    }
+
+    #[test]
+    fn a_path_not_on_cgroup2_is_refused_with_the_reason() {
+        let m = parse_mountinfo(HYBRID);
+        let cfg = EbpfConfig {
+            bpffs_root: PathBuf::from("/sys/fs/bpf/x"),
+            cgroup_path: Some(PathBuf::from("/sys/fs/cgroup")),
+        };
+        let e = resolve_cgroup(&cfg, &m).unwrap_err().to_string();
+        assert!(e.contains("on a tmpfs filesystem, not cgroup2"), "{e}");
+        assert!(e.contains("/sys/fs/cgroup/unified"), "{e}");
+        let none = parse_mountinfo("22 1 254:0 / / rw - ext4 /dev/vda rw\n");
+        let default = EbpfConfig {
+            cgroup_path: None,
+            ..cfg
+        };
+        assert!(matches!(
+            resolve_cgroup(&default, &none),
+            Err(EbpfError::NoCgroup2)
+        ));
+    }
+
+    #[test]
+    fn capabilities_needed_for_cgroup_sock_addr_programs() {
+        assert!(missing_caps(1 << CAP_SYS_ADMIN).is_empty());
+        assert!(missing_caps((1 << CAP_BPF) | (1 << CAP_NET_ADMIN)).is_empty());
+        assert_eq!(missing_caps(0), vec!["CAP_BPF", "CAP_NET_ADMIN"]);
+        assert_eq!(missing_caps(1 << CAP_BPF), vec!["CAP_NET_ADMIN"]);
+    }
+}

@@ -1,0 +1,339 @@
+//! `--proxy-mode ebpf`: socket-level load balancing in cgroup sock_addr
+//! hooks (`proxy-ebpf`), programmed through pinned maps.
+//!
+//! * [`EbpfDatapath::open`] checks the prerequisites (object embedded,
+//!   capabilities, BTF, cgroup v2, bpffs), loads the programs, reuses the
+//!   maps pinned under `--bpffs-root` by an earlier daemon (or creates
+//!   them), attaches the programs to `--cgroup-path` with pinned links and
+//!   only then lets go of the previous daemon's links, so traffic is never
+//!   without a hook. It reads the maps back ([`plan::Programmed`]) so the
+//!   first apply only writes what differs: established connections and
+//!   their reverse-NAT entries survive a restart.
+//! * [`Datapath::apply`] turns the services that changed between two
+//!   LocalStates into ordered map writes ([`plan`]) and runs them
+//!   ([`maps`]).
+//! * [`dump`] decodes the pinned maps; [`cleanup`] removes links and pins.
+//!
+//! A service without a usable endpoint keeps a header with count 0: the
+//! hook refuses connect()/sendmsg() at once with EPERM, the socket-level
+//! equivalent of kube-proxy's REJECT.
+
+pub mod dump;
+pub mod loader;
+pub mod maps;
+pub mod plan;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::model::{LocalState, ObjectKey, ServiceEndpoints};
+
+use super::{ApplyStats, Datapath, DatapathError, ProxyMode};
+use maps::KernelMaps;
+use plan::{Change, DesiredService, PlanProblem, Programmed, Vip};
+
+pub use loader::{cleanup, CleanupReport};
+
+/// The eBPF object, copied into OUT_DIR by build.rs; empty when it had not
+/// been built (`cargo xtask build-ebpf --release`).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy-ebpf.o"));
+
+/// Whether this binary carries the eBPF programs.
+pub fn object_embedded() -> bool {
+    !OBJECT.is_empty()
+}
+
+/// Where the datapath lives on the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EbpfConfig {
+    /// bpffs directory for pinned maps and links.
+    pub bpffs_root: PathBuf,
+    /// cgroup v2 directory to attach to; `None` = the cgroup v2 root.
+    pub cgroup_path: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EbpfError {
+    #[error("this binary was built without the eBPF object; run `cargo xtask build-ebpf --release` first, then rebuild")]
+    NoObject,
+    #[error("missing capabilities {missing} (run as root, or grant CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN)")]
+    Capabilities { missing: String },
+    #[error("the kernel has no BTF (/sys/kernel/btf/vmlinux is missing; a kernel built with CONFIG_DEBUG_INFO_BTF=y is needed)")]
+    NoBtf,
+    #[error("no cgroup v2 filesystem is mounted (none in /proc/self/mountinfo); mount one, e.g. `mount -t cgroup2 none /sys/fs/cgroup`, or pass --cgroup-path")]
+    NoCgroup2,
+    #[error("--cgroup-path {}: {reason}", path.display())]
+    CgroupPath { path: PathBuf, reason: String },
+    #[error("bpffs {}: {reason}", path.display())]
+    Bpffs { path: PathBuf, reason: String },
+    #[error("pinned map {} does not match this binary ({reason}); run `ebpf-kube-proxy cleanup --bpffs-root {}` to start over (service connections in flight lose their reverse NAT)", path.display(), root.display())]
+    IncompatiblePin {
+        path: PathBuf,
+        root: PathBuf,
+        reason: String,
+    },
+    #[error(
+        "the kernel verifier rejected program {program} ({error}); verifier log (end):\n{log}"
+    )]
+    Verifier {
+        program: String,
+        error: std::io::Error,
+        log: String,
+    },
+    #[error("loading the eBPF object: {0}")]
+    Load(String),
+    #[error("attaching {program} to cgroup {}: {reason}", cgroup.display())]
+    Attach {
+        program: String,
+        cgroup: PathBuf,
+        reason: String,
+    },
+    #[error("pinning {}: {reason}", path.display())]
+    Pin { path: PathBuf, reason: String },
+    #[error(
+        "map {map} is full ({capacity} entries); the state does not fit, nothing was truncated"
+    )]
+    MapFull { map: &'static str, capacity: u32 },
+    #[error("map {map}: {op}: {reason}")]
+    Map {
+        map: &'static str,
+        op: &'static str,
+        reason: String,
+    },
+    #[error("{vip} has {count} endpoints, more than the {max} one service can have; it was left as it was")]
+    TooManyBackends { vip: Vip, count: usize, max: u16 },
+    #[error("no pinned maps under {} (is the eBPF datapath running? see --bpffs-root)", .0.display())]
+    NotPinned(PathBuf),
+}
+
+impl From<EbpfError> for DatapathError {
+    fn from(e: EbpfError) -> Self {
+        DatapathError::Ebpf(e)
+    }
+}
+
+/// The eBPF datapath of a running daemon.
+pub struct EbpfDatapath {
+    maps: KernelMaps,
+    view: Programmed,
+    /// Which service each programmed VIP belongs to (a VIP that two
+    /// services claim goes to the first in LocalState order).
+    owners: HashMap<Vip, ObjectKey>,
+    owned: HashMap<ObjectKey, Vec<Vip>>,
+    /// Reconcile everything next time: at start (adopted maps), after an
+    /// error, and while two services claim one VIP.
+    full_next: bool,
+}
+
+impl std::fmt::Debug for EbpfDatapath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EbpfDatapath")
+            .field("services", &self.view.service_entry_count())
+            .field("backends", &self.view.backend_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EbpfDatapath {
+    /// Loads and attaches the programs, adopting pinned maps and links of
+    /// an earlier run. Nothing in the maps changes until the first apply.
+    pub fn open(config: &EbpfConfig) -> Result<Self, EbpfError> {
+        if !object_embedded() {
+            return Err(EbpfError::NoObject);
+        }
+        let attached = loader::load_and_attach(OBJECT, config)?;
+        let view = attached.maps.read_view()?;
+        tracing::info!(
+            cgroup = %attached.cgroup.display(),
+            bpffs_root = %config.bpffs_root.display(),
+            adopted_service_entries = view.service_entry_count(),
+            adopted_backends = view.backend_count(),
+            replaced_links = attached.replaced_links,
+            "eBPF datapath attached"
+        );
+        Ok(EbpfDatapath {
+            maps: attached.maps,
+            view,
+            owners: HashMap::new(),
+            owned: HashMap::new(),
+            full_next: true,
+        })
+    }
+
+    fn apply_changes(
+        &mut self,
+        changes: Vec<Change<'_>>,
+    ) -> Result<(usize, Vec<PlanProblem>), EbpfError> {
+        let plan = plan::plan(&self.view, changes);
+        maps::execute(&plan.ops, &mut self.view, &mut self.maps)?;
+        let gc = plan::plan_gc(&self.view);
+        maps::execute(&gc, &mut self.view, &mut self.maps)?;
+        Ok((plan.vips_changed, plan.problems))
+    }
+
+    /// Every VIP of `next` against the whole view; VIPs in the maps that
+    /// `next` does not have are removed.
+    fn reconcile_all(&mut self, next: &LocalState) -> Result<(usize, Vec<PlanProblem>), EbpfError> {
+        let (desired, conflicts) = plan::desired_state(next);
+        for (vip, owner) in &conflicts {
+            let first = desired.iter().find(|d| d.vip == *vip).map(|d| &d.owner);
+            tracing::warn!(%vip, service = %owner, programmed_for = ?first.map(ToString::to_string), "two services claim one address; the first one is programmed");
+        }
+        let wanted: std::collections::HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
+        let mut stale: Vec<Vip> = self
+            .view
+            .services()
+            .map(|(vip, _)| *vip)
+            .filter(|vip| !wanted.contains(vip))
+            .collect();
+        stale.sort_unstable();
+        let changes = stale
+            .into_iter()
+            .map(Change::Remove)
+            .chain(desired.iter().map(Change::Upsert))
+            .collect();
+        let result = self.apply_changes(changes)?;
+        self.owners.clear();
+        self.owned.clear();
+        for d in &desired {
+            self.own(d);
+        }
+        self.full_next = !conflicts.is_empty();
+        Ok(result)
+    }
+
+    /// Only the services that differ between `prev` and `next`.
+    fn reconcile_changed(
+        &mut self,
+        prev: &LocalState,
+        next: &LocalState,
+    ) -> Result<(usize, Vec<PlanProblem>), EbpfError> {
+        let mut changed: Vec<(ObjectKey, Vec<DesiredService>)> = Vec::new();
+        for_each_changed(prev, next, |key, new| {
+            changed.push((
+                key.clone(),
+                new.map(plan::desired_services).unwrap_or_default(),
+            ));
+        });
+        let mut changes = Vec::new();
+        let mut conflict = false;
+        for (key, desired) in &changed {
+            let old_vips = self.owned.remove(key).unwrap_or_default();
+            for vip in old_vips {
+                if !desired.iter().any(|d| d.vip == vip) {
+                    self.owners.remove(&vip);
+                    changes.push(Change::Remove(vip));
+                }
+            }
+            for d in desired {
+                match self.owners.get(&d.vip) {
+                    Some(owner) if owner != key => conflict = true,
+                    _ => {
+                        self.own(d);
+                        changes.push(Change::Upsert(d));
+                    }
+                }
+            }
+        }
+        let result = self.apply_changes(changes)?;
+        // Resolve address conflicts in LocalState order next time.
+        self.full_next = conflict;
+        Ok(result)
+    }
+
+    fn own(&mut self, d: &DesiredService) {
+        self.owners.insert(d.vip, d.owner.clone());
+        let vips = self.owned.entry(d.owner.clone()).or_default();
+        if !vips.contains(&d.vip) {
+            vips.push(d.vip);
+        }
+    }
+}
+
+/// Calls `f(key, next_version)` for every service that differs between two
+/// sorted states (`None`: removed).
+fn for_each_changed<'a>(
+    prev: &'a LocalState,
+    next: &'a LocalState,
+    mut f: impl FnMut(&'a ObjectKey, Option<&'a ServiceEndpoints>),
+) {
+    use std::cmp::Ordering;
+    let (mut a, mut b) = (
+        prev.services.iter().peekable(),
+        next.services.iter().peekable(),
+    );
+    loop {
+        match (a.peek(), b.peek()) {
+            (None, None) => return,
+            (Some(x), None) => {
+                f(&x.service.key, None);
+                a.next();
+            }
+            (None, Some(y)) => {
+                f(&y.service.key, Some(y));
+                b.next();
+            }
+            (Some(x), Some(y)) => match x.service.key.cmp(&y.service.key) {
+                Ordering::Less => {
+                    f(&x.service.key, None);
+                    a.next();
+                }
+                Ordering::Greater => {
+                    f(&y.service.key, Some(y));
+                    b.next();
+                }
+                Ordering::Equal => {
+                    if x != y {
+                        f(&y.service.key, Some(y));
+                    }
+                    a.next();
+                    b.next();
+                }
+            },
+        }
+    }
+}
+
+impl Datapath for EbpfDatapath {
+    fn mode(&self) -> ProxyMode {
+        ProxyMode::Ebpf
+    }
+
+    fn apply(&mut self, prev: &LocalState, next: &LocalState) -> Result<ApplyStats, DatapathError> {
+        let full = self.full_next;
+        // Until this apply succeeds, the next one starts from the view.
+        self.full_next = true;
+        let (vips_changed, problems) = if full {
+            self.reconcile_all(next)?
+        } else {
+            self.reconcile_changed(prev, next)?
+        };
+        tracing::debug!(
+            full,
+            vips_changed,
+            service_entries = self.view.service_entry_count(),
+            backends = self.view.backend_count(),
+            "eBPF maps updated"
+        );
+        if let Some(PlanProblem::TooManyBackends { vip, count }) = problems.first() {
+            self.full_next = true;
+            return Err(EbpfError::TooManyBackends {
+                vip: *vip,
+                count: *count,
+                max: proxy_common::MAX_BACKENDS_PER_SERVICE,
+            }
+            .into());
+        }
+        Ok(ApplyStats {
+            services_changed: vips_changed,
+        })
+    }
+}
+
+/// The default pin directory's parent, mounted as bpffs when needed.
+pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
+
+/// Whether `root` holds pinned maps of this datapath.
+pub fn is_pinned(root: &Path) -> bool {
+    root.join(proxy_common::MAP_SERVICES).exists()
+}

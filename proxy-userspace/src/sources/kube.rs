@@ -1,0 +1,314 @@
+//! The Kubernetes source (`--source kube`): list+watch Services,
+//! EndpointSlices, this node's Node and the Pods bound to this node through
+//! kube-rs watchers, and turn their events into [`SourceMessage`]s.
+//!
+//! Never partial: a (re)list is buffered from `Init` to `InitDone` and then
+//! applied as one batch (with deletes for objects that vanished meanwhile),
+//! so a dropped watch or a 410 Gone never publishes half a list. `Synced` is
+//! sent once every resource has completed its first list. Watch errors are
+//! retried with kube-rs' default backoff (exponential with jitter); during an
+//! outage the last state keeps serving.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::objects::{self, ObjectError};
+use super::{SourceMessage, SourceSender};
+use crate::model::{Change, Object, ObjectRef};
+
+/// Selector kube-proxy applies to Services and EndpointSlices: objects of
+/// another proxy and headless services' slices are never even listed.
+pub const PROXY_LABEL_SELECTOR: &str =
+    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeSourceError {
+    #[error("--kubeconfig {path}: {reason}")]
+    Kubeconfig { path: PathBuf, reason: String },
+    #[error("Kubernetes client configuration: {0} (set --kubeconfig or run in a pod)")]
+    Config(String),
+    #[error("--master {url}: {reason}")]
+    Master { url: String, reason: String },
+    #[error("Kubernetes client: {0}")]
+    Client(String),
+}
+
+/// Builds the API client: `--kubeconfig` when given, else the in-cluster
+/// configuration (or `$KUBECONFIG` / `~/.kube/config`); `--master`
+/// overrides the server URL, as in kube-proxy.
+pub async fn client(
+    kubeconfig: Option<&std::path::Path>,
+    master: Option<&str>,
+) -> Result<Client, KubeSourceError> {
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                KubeSourceError::Kubeconfig {
+                    path: path.to_owned(),
+                    reason: e.to_string(),
+                }
+            })?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| KubeSourceError::Kubeconfig {
+                    path: path.to_owned(),
+                    reason: e.to_string(),
+                })?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| KubeSourceError::Config(e.to_string()))?,
+    };
+    if let Some(url) = master.filter(|m| !m.is_empty()) {
+        config.cluster_url =
+            url.parse()
+                .map_err(|e: http::uri::InvalidUri| KubeSourceError::Master {
+                    url: url.to_owned(),
+                    reason: e.to_string(),
+                })?;
+    }
+    Client::try_from(config).map_err(|e| KubeSourceError::Client(e.to_string()))
+}
+
+/// One watched resource, its events already converted to model objects.
+#[derive(Debug)]
+enum Update {
+    /// A complete (re)list: every object that exists now.
+    Relisted {
+        resource: &'static str,
+        objects: Vec<Object>,
+    },
+    Applied(Object),
+    Deleted(ObjectRef),
+    Error {
+        resource: &'static str,
+        reason: &'static str,
+        message: String,
+    },
+}
+
+fn spawn_watch<K>(
+    resource: &'static str,
+    api: Api<K>,
+    config: watcher::Config,
+    convert: fn(K) -> Result<Object, ObjectError>,
+    out: mpsc::Sender<Update>,
+    cancel: CancellationToken,
+) where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    tokio::spawn(async move {
+        let mut stream = watcher(api, config).default_backoff().boxed();
+        let mut buffer: Option<Vec<Object>> = None;
+        loop {
+            let event = tokio::select! {
+                _ = cancel.cancelled() => return,
+                e = stream.next() => match e {
+                    Some(e) => e,
+                    None => return,
+                },
+            };
+            let update = match event {
+                Ok(Event::Init) => {
+                    buffer = Some(Vec::new());
+                    continue;
+                }
+                Ok(Event::InitApply(k)) => {
+                    match (convert(k), buffer.as_mut()) {
+                        (Ok(o), Some(b)) => b.push(o),
+                        (Ok(_), None) => {}
+                        (Err(e), _) => {
+                            let _ = out.send(invalid(resource, e)).await;
+                        }
+                    }
+                    continue;
+                }
+                Ok(Event::InitDone) => Update::Relisted {
+                    resource,
+                    objects: buffer.take().unwrap_or_default(),
+                },
+                Ok(Event::Apply(k)) => match convert(k) {
+                    Ok(o) => Update::Applied(o),
+                    Err(e) => invalid(resource, e),
+                },
+                Ok(Event::Delete(k)) => match convert(k) {
+                    Ok(o) => Update::Deleted(o.object_ref()),
+                    Err(e) => invalid(resource, e),
+                },
+                Err(e) => {
+                    let reason = match &e {
+                        watcher::Error::WatchError(status) if status.code == 410 => "relist_410",
+                        _ => "watch",
+                    };
+                    Update::Error {
+                        resource,
+                        reason,
+                        message: e.to_string(),
+                    }
+                }
+            };
+            if out.send(update).await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
+fn invalid(resource: &'static str, e: ObjectError) -> Update {
+    Update::Error {
+        resource,
+        reason: "invalid_object",
+        message: e.to_string(),
+    }
+}
+
+fn service(s: core::Service) -> Result<Object, ObjectError> {
+    objects::service(s).map(Object::Service)
+}
+fn endpoint_slice(s: discovery::EndpointSlice) -> Result<Object, ObjectError> {
+    objects::endpoint_slice(s).map(Object::EndpointSlice)
+}
+fn node(n: core::Node) -> Result<Object, ObjectError> {
+    objects::node(n).map(Object::Node)
+}
+fn pod(p: core::Pod) -> Result<Object, ObjectError> {
+    objects::pod(p).map(Object::Pod)
+}
+
+/// The resources watched, in the order their sync is reported.
+pub const RESOURCES: [&str; 4] = ["services", "endpointslices", "nodes", "pods"];
+
+/// Runs the watches until `cancel`; returns when the consumer goes away.
+pub async fn run(client: Client, node_name: String, tx: SourceSender, cancel: CancellationToken) {
+    let (updates_tx, mut updates) = mpsc::channel::<Update>(256);
+    let proxied = watcher::Config::default().labels(PROXY_LABEL_SELECTOR);
+    spawn_watch(
+        "services",
+        Api::<core::Service>::all(client.clone()),
+        proxied.clone(),
+        service,
+        updates_tx.clone(),
+        cancel.clone(),
+    );
+    spawn_watch(
+        "endpointslices",
+        Api::<discovery::EndpointSlice>::all(client.clone()),
+        proxied,
+        endpoint_slice,
+        updates_tx.clone(),
+        cancel.clone(),
+    );
+    spawn_watch(
+        "nodes",
+        Api::<core::Node>::all(client.clone()),
+        watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+        node,
+        updates_tx.clone(),
+        cancel.clone(),
+    );
+    spawn_watch(
+        "pods",
+        Api::<core::Pod>::all(client),
+        watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),
+        pod,
+        updates_tx,
+        cancel.clone(),
+    );
+
+    // What each resource's last complete view holds, to turn a relist into
+    // deletes for the objects that vanished while the watch was down.
+    let mut known: BTreeMap<&'static str, BTreeSet<ObjectRef>> = BTreeMap::new();
+    let mut synced: BTreeSet<&'static str> = BTreeSet::new();
+    let mut announced = false;
+    while let Some(first) = tokio::select! {
+        _ = cancel.cancelled() => None,
+        u = updates.recv() => u,
+    } {
+        // Coalesce what is already queued into one batch.
+        let mut changes = Vec::new();
+        let mut next = Some(first);
+        while let Some(update) = next.take() {
+            match update {
+                Update::Relisted { resource, objects } => {
+                    let now: BTreeSet<ObjectRef> = objects.iter().map(Object::object_ref).collect();
+                    let before = known.insert(resource, now.clone()).unwrap_or_default();
+                    changes.extend(before.difference(&now).cloned().map(Change::Delete));
+                    changes.extend(objects.into_iter().map(Change::Upsert));
+                    if synced.insert(resource) {
+                        tracing::info!(resource, "initial list complete");
+                    } else {
+                        tracing::info!(resource, "relisted");
+                    }
+                }
+                Update::Applied(o) => {
+                    known
+                        .entry(resource_of(&o))
+                        .or_default()
+                        .insert(o.object_ref());
+                    changes.push(Change::Upsert(o));
+                }
+                Update::Deleted(r) => {
+                    if let Some(set) = known.get_mut(resource_of_ref(&r)) {
+                        set.remove(&r);
+                    }
+                    changes.push(Change::Delete(r));
+                }
+                Update::Error {
+                    resource,
+                    reason,
+                    message,
+                } => {
+                    tracing::warn!(resource, reason, error = %message, "watch error; keeping the last state and retrying with backoff");
+                    let msg = SourceMessage::WatchError {
+                        resource,
+                        reason,
+                        message,
+                    };
+                    if tx.send(msg).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            next = updates.try_recv().ok();
+        }
+        if !changes.is_empty() && tx.send(SourceMessage::Changes(changes)).await.is_err() {
+            return;
+        }
+        if !announced && synced.len() == RESOURCES.len() {
+            announced = true;
+            tracing::info!("kube source synced");
+            if tx.send(SourceMessage::Synced).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn resource_of(o: &Object) -> &'static str {
+    match o {
+        Object::Service(_) => "services",
+        Object::EndpointSlice(_) => "endpointslices",
+        Object::Node(_) => "nodes",
+        Object::Pod(_) => "pods",
+    }
+}
+
+fn resource_of_ref(r: &ObjectRef) -> &'static str {
+    use crate::model::ObjectKind;
+    match r.kind {
+        ObjectKind::Service => "services",
+        ObjectKind::EndpointSlice => "endpointslices",
+        ObjectKind::Node => "nodes",
+        ObjectKind::Pod => "pods",
+    }
+}

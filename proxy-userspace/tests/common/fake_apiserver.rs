@@ -1,0 +1,425 @@
+//! A fake Kubernetes API server speaking the real list/watch protocol for
+//! Services, EndpointSlices, Nodes and Pods (there is no kube-apiserver
+//! binary to be had on these machines).
+//!
+//! * `GET <collection>` lists (label and field selectors, a list
+//!   `resourceVersion`); `?watch=true&resourceVersion=R` streams
+//!   newline-delimited ADDED/MODIFIED/DELETED events after R, BOOKMARKs when
+//!   asked, and an ERROR event with a 410 `Expired` Status when R is older
+//!   than the retained history.
+//! * Tests drive it: [`FakeApiServer::apply`], [`FakeApiServer::delete`],
+//!   [`FakeApiServer::drop_watches`], [`FakeApiServer::compact`] (older
+//!   resource versions become 410), [`FakeApiServer::set_down`] (every
+//!   connection is closed at once) and [`FakeApiServer::restart`] (a new
+//!   resourceVersion history).
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch};
+
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// (collection path, list kind, item kind, apiVersion)
+const COLLECTIONS: &[(&str, &str, &str, &str)] = &[
+    ("/api/v1/services", "ServiceList", "Service", "v1"),
+    (
+        "/apis/discovery.k8s.io/v1/endpointslices",
+        "EndpointSliceList",
+        "EndpointSlice",
+        "discovery.k8s.io/v1",
+    ),
+    ("/api/v1/nodes", "NodeList", "Node", "v1"),
+    ("/api/v1/pods", "PodList", "Pod", "v1"),
+];
+
+#[derive(Clone, Debug)]
+struct WatchEvent {
+    rv: u64,
+    kind: String,
+    event: &'static str,
+    object: Value,
+}
+
+#[derive(Default)]
+struct State {
+    rv: u64,
+    /// kind → (namespace, name) → object.
+    objects: HashMap<String, BTreeMap<(String, String), Value>>,
+    events: Vec<WatchEvent>,
+    /// Watches resuming from an older resource version get 410.
+    oldest_rv: u64,
+    down: bool,
+    /// Bumped to end every open watch.
+    generation: u64,
+    requests: u64,
+}
+
+pub struct FakeApiServer {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    changed: watch::Sender<u64>,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl FakeApiServer {
+    pub async fn start() -> FakeApiServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(State {
+            rv: 1000,
+            oldest_rv: 1000,
+            ..State::default()
+        }));
+        let (changed, _) = watch::channel(0u64);
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let st = state.clone();
+        let ch = changed.clone();
+        tokio::spawn(async move {
+            loop {
+                let stream = tokio::select! {
+                    _ = &mut stopped => return,
+                    r = listener.accept() => match r { Ok((s, _)) => s, Err(_) => continue },
+                };
+                if st.lock().unwrap().down {
+                    drop(stream); // an outage: the connection dies at once
+                    continue;
+                }
+                let st = st.clone();
+                let ch = ch.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let st = st.clone();
+                        let ch = ch.clone();
+                        async move { Ok::<_, Infallible>(handle(req, st, ch)) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        FakeApiServer {
+            addr,
+            state,
+            changed,
+            stop,
+        }
+    }
+
+    /// A kubeconfig file pointing at this server (plain HTTP, no auth).
+    pub fn write_kubeconfig(&self, path: &Path) {
+        let cfg = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"http://{}\"}}\n\
+             users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context: {{cluster: fake, user: fake}}\n\
+             current-context: fake\n",
+            self.addr
+        );
+        std::fs::write(path, cfg).unwrap();
+    }
+
+    fn notify(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// Creates or updates an object (it must carry `kind` and `metadata`).
+    pub fn apply(&self, mut object: Value) {
+        {
+            let mut st = self.state.lock().unwrap();
+            st.rv += 1;
+            let rv = st.rv;
+            let kind = object["kind"].as_str().expect("kind").to_owned();
+            let key = object_key(&object);
+            object["metadata"]["resourceVersion"] = json!(rv.to_string());
+            if object["metadata"]["uid"].is_null() {
+                object["metadata"]["uid"] = json!(format!("uid-{}-{}", key.0, key.1));
+            }
+            let existed = st
+                .objects
+                .entry(kind.clone())
+                .or_default()
+                .insert(key, object.clone())
+                .is_some();
+            let event = if existed { "MODIFIED" } else { "ADDED" };
+            st.events.push(WatchEvent {
+                rv,
+                kind,
+                event,
+                object,
+            });
+        }
+        self.notify();
+    }
+
+    pub fn delete(&self, kind: &str, namespace: &str, name: &str) {
+        {
+            let mut st = self.state.lock().unwrap();
+            let removed = st
+                .objects
+                .get_mut(kind)
+                .and_then(|m| m.remove(&(namespace.to_owned(), name.to_owned())));
+            if let Some(mut object) = removed {
+                st.rv += 1;
+                let rv = st.rv;
+                object["metadata"]["resourceVersion"] = json!(rv.to_string());
+                st.events.push(WatchEvent {
+                    rv,
+                    kind: kind.to_owned(),
+                    event: "DELETED",
+                    object,
+                });
+            }
+        }
+        self.notify();
+    }
+
+    /// Ends every open watch stream (clients re-watch from their last rv).
+    pub fn drop_watches(&self) {
+        self.state.lock().unwrap().generation += 1;
+        self.notify();
+    }
+
+    /// Forgets the event history: a watch from any earlier resource version
+    /// now gets 410 Gone and must relist.
+    pub fn compact(&self) {
+        let mut st = self.state.lock().unwrap();
+        // As if other writes happened meanwhile: whatever a client holds is
+        // now older than the retained history.
+        st.rv += 1;
+        st.oldest_rv = st.rv;
+        st.events.clear();
+    }
+
+    /// While down, every connection is closed at once and open watches end.
+    pub fn set_down(&self, down: bool) {
+        let mut st = self.state.lock().unwrap();
+        st.down = down;
+        st.generation += 1;
+        drop(st);
+        self.notify();
+    }
+
+    /// A restarted API server with a new resourceVersion history: old
+    /// versions are gone, all watches end.
+    pub fn restart(&self) {
+        let mut st = self.state.lock().unwrap();
+        st.rv += 100_000;
+        st.oldest_rv = st.rv;
+        st.events.clear();
+        st.generation += 1;
+        drop(st);
+        self.notify();
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.state.lock().unwrap().requests
+    }
+
+    pub fn stop(self) {
+        let _ = self.stop.send(());
+    }
+}
+
+fn object_key(o: &Value) -> (String, String) {
+    (
+        o["metadata"]["namespace"].as_str().unwrap_or("").to_owned(),
+        o["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+fn full(status: StatusCode, body: Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())).boxed())
+        .unwrap()
+}
+
+fn status_body(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
+fn query(req: &Request<hyper::body::Incoming>) -> HashMap<String, String> {
+    req.uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_owned(), percent_decode(v)))
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                out.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'));
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Label selector terms: `k`, `!k`, `k=v`, `k==v`, `k!=v`.
+fn labels_match(selector: &str, o: &Value) -> bool {
+    let labels = &o["metadata"]["labels"];
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+        if let Some((k, v)) = term.split_once("!=") {
+            labels[k].as_str() != Some(v)
+        } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+            labels[k].as_str() == Some(v)
+        } else if let Some(k) = term.strip_prefix('!') {
+            labels.get(k).is_none()
+        } else {
+            labels.get(term).is_some()
+        }
+    })
+}
+
+/// Field selectors the proxy uses: `metadata.name=`, `spec.nodeName=`.
+fn fields_match(selector: &str, o: &Value) -> bool {
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+        let Some((field, want)) = term.split_once('=') else {
+            return false;
+        };
+        let pointer = format!("/{}", field.replace('.', "/"));
+        o.pointer(&pointer).and_then(Value::as_str).unwrap_or("") == want
+    })
+}
+
+fn handle(
+    req: Request<hyper::body::Incoming>,
+    state: Arc<Mutex<State>>,
+    changed: watch::Sender<u64>,
+) -> Response<Body> {
+    state.lock().unwrap().requests += 1;
+    let path = req.uri().path().to_owned();
+    let Some(&(_, list_kind, kind, api_version)) = COLLECTIONS.iter().find(|c| c.0 == path) else {
+        return full(
+            StatusCode::NOT_FOUND,
+            status_body(404, "NotFound", &format!("no route {path}")),
+        );
+    };
+    let q = query(&req);
+    let labels = q.get("labelSelector").cloned().unwrap_or_default();
+    let fields = q.get("fieldSelector").cloned().unwrap_or_default();
+    let matches = move |o: &Value| labels_match(&labels, o) && fields_match(&fields, o);
+    let is_watch = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
+    if !is_watch {
+        let st = state.lock().unwrap();
+        let items: Vec<Value> = st
+            .objects
+            .get(kind)
+            .map(|m| m.values().filter(|o| matches(o)).cloned().collect())
+            .unwrap_or_default();
+        return full(
+            StatusCode::OK,
+            json!({"kind": list_kind, "apiVersion": api_version,
+                   "metadata": {"resourceVersion": st.rv.to_string()}, "items": items}),
+        );
+    }
+
+    let from: u64 = q
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+    let timeout = Duration::from_secs(
+        q.get("timeoutSeconds")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300),
+    );
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
+    let kind = kind.to_owned();
+    let api_version = api_version.to_owned();
+    tokio::spawn(async move {
+        let line = |v: Value| Ok(Frame::data(Bytes::from(format!("{v}\n"))));
+        let (generation, expired) = {
+            let st = state.lock().unwrap();
+            (st.generation, from < st.oldest_rv)
+        };
+        if expired {
+            let msg = format!("too old resource version: {from}");
+            let _ = tx
+                .send(line(
+                    json!({"type": "ERROR", "object": status_body(410, "Expired", &msg)}),
+                ))
+                .await;
+            return;
+        }
+        let mut sent = from;
+        let mut changes = changed.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let pending: Vec<WatchEvent> = {
+                let st = state.lock().unwrap();
+                if st.generation != generation || st.down {
+                    return;
+                }
+                st.events
+                    .iter()
+                    .filter(|e| e.rv > sent && e.kind == kind)
+                    .cloned()
+                    .collect()
+            };
+            for e in pending {
+                sent = e.rv;
+                if matches(&e.object)
+                    && tx
+                        .send(line(json!({"type": e.event, "object": e.object})))
+                        .await
+                        .is_err()
+                {
+                    return;
+                }
+            }
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(500)), if bookmarks => {
+                    let rv = state.lock().unwrap().rv;
+                    let bookmark = json!({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api_version,
+                        "metadata": {"resourceVersion": rv.to_string()}}});
+                    if tx.send(line(bookmark)).await.is_err() {
+                        return;
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(BodyExt::boxed(StreamBody::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+        .unwrap()
+}

@@ -1,0 +1,239 @@
+//! The daemon on the kube source against the fake API server: real HTTP
+//! list/watch with the real JSON shapes, real gRPC out.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::fake_apiserver::FakeApiServer;
+use common::Daemon;
+use ebpf_kube_proxy::localnet::client::{self, State};
+use serde_json::{json, Value};
+
+fn service(ns: &str, name: &str, ip: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": name, "namespace": ns},
+           "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP",
+                    "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}})
+}
+
+fn slice(ns: &str, svc: &str, ips: &[String]) -> Value {
+    let endpoints: Vec<Value> = ips
+        .iter()
+        .map(|ip| json!({"addresses": [ip], "nodeName": "n2", "conditions": {"ready": true}}))
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": format!("{svc}-abc"), "namespace": ns,
+                        "labels": {"kubernetes.io/service-name": svc}},
+           "addressType": "IPv4",
+           "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+           "endpoints": endpoints})
+}
+
+fn names(s: &State) -> Vec<String> {
+    s.services
+        .iter()
+        .map(|s| s.service.as_ref().unwrap().name.clone())
+        .collect()
+}
+
+async fn start(api: &FakeApiServer) -> Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    Daemon::start_kube(dir, &kubeconfig, &[])
+}
+
+/// Waits (bounded) for a state newer than (i, r) that satisfies `pred`.
+async fn wait_state(
+    d: &Daemon,
+    mut i: u64,
+    mut r: u64,
+    within: Duration,
+    pred: impl Fn(&State) -> bool,
+) -> State {
+    let deadline = Instant::now() + within;
+    let mut c = d.tcp().await;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let s = tokio::time::timeout(left, client::next(&mut c, i, r))
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no matching state within {within:?}; log:\n{}",
+                    d.log_text()
+                )
+            })
+            .unwrap();
+        if pred(&s) {
+            return s;
+        }
+        (i, r) = (s.instance_id, s.rev);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_from_the_api_server_reach_the_localnet_api_within_a_second() {
+    let api = FakeApiServer::start().await;
+    api.apply(service("default", "web", "10.96.0.10"));
+    api.apply(slice("default", "web", &["10.244.2.1".into()]));
+    // Filtered like kube-proxy: another proxy's service never shows up.
+    let mut other = service("default", "other-proxy", "10.96.0.11");
+    other["metadata"]["labels"] = json!({"service.kubernetes.io/service-proxy-name": "x"});
+    api.apply(other);
+    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"topology.kubernetes.io/zone": "a"}}}));
+    api.apply(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"}, "spec": {"nodeName": "n1", "containers": []}}));
+    let d = start(&api).await;
+
+    let s = wait_state(&d, 0, 0, Duration::from_secs(10), |_| true).await;
+    assert_eq!(names(&s), ["web"]);
+    assert_eq!(s.services[0].endpoints[0].ip, "10.244.2.1");
+
+    let changed = Instant::now();
+    api.apply(slice(
+        "default",
+        "web",
+        &["10.244.2.1".into(), "10.244.2.2".into()],
+    ));
+    let s2 = wait_state(&d, s.instance_id, s.rev, Duration::from_secs(1), |s| {
+        s.services[0].endpoints.len() == 2
+    })
+    .await;
+    assert!(changed.elapsed() < Duration::from_secs(1));
+    assert_eq!(s2.rev, s.rev + 1);
+
+    api.delete("Service", "default", "web");
+    let s3 = wait_state(&d, s2.instance_id, s2.rev, Duration::from_secs(1), |s| {
+        s.services.is_empty()
+    })
+    .await;
+    assert!(s3.rev > s2.rev);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_watch_and_410_gone_relist_without_partial_state() {
+    let api = FakeApiServer::start().await;
+    for i in 0..20 {
+        api.apply(service(
+            "default",
+            &format!("svc-{i:02}"),
+            &format!("10.96.0.{}", 10 + i),
+        ));
+    }
+    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let d = start(&api).await;
+    let s = wait_state(&d, 0, 0, Duration::from_secs(10), |_| true).await;
+    assert_eq!(s.services.len(), 20);
+
+    // Watch every frame from now on: none may ever lack a service.
+    let mut c = d.unix().await;
+    let mut frames = c
+        .watch(proto::localnet::v1::WatchRequest {
+            instance_id: s.instance_id,
+            rev: s.rev,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+
+    // A plain drop: watches resume. Then history compaction: 410 → relist,
+    // during which one service is deleted and one added.
+    api.drop_watches();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    api.compact();
+    api.delete("Service", "default", "svc-00");
+    api.apply(service("default", "svc-new", "10.96.1.1"));
+    api.compact();
+    api.drop_watches();
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen_new = false;
+    while !seen_new {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ev = tokio::time::timeout(left, tokio_stream::StreamExt::next(&mut frames))
+            .await
+            .unwrap_or_else(|_| panic!("relist not applied; log:\n{}", d.log_text()))
+            .unwrap()
+            .unwrap();
+        if let Some(proto::localnet::v1::watch_event::Event::Begin(b)) = ev.event {
+            assert!(
+                b.service_count >= 20,
+                "a partial state was published: {} services",
+                b.service_count
+            );
+        }
+        if let Some(proto::localnet::v1::watch_event::Event::Service(se)) = ev.event.clone() {
+            seen_new |= se.service.unwrap().name == "svc-new";
+        }
+    }
+    let now = client::next(&mut d.tcp().await, 0, 0).await.unwrap();
+    let n = names(&now);
+    assert_eq!(n.len(), 20);
+    assert!(
+        !n.contains(&"svc-00".to_owned()),
+        "deleted during the outage of the watch: {n:?}"
+    );
+    assert!(d.log_text().contains("relist"), "log:\n{}", d.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_outage_keeps_the_state_and_recovers_without_restart() {
+    let api = FakeApiServer::start().await;
+    api.apply(service("default", "web", "10.96.0.10"));
+    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let d = start(&api).await;
+    let s = wait_state(&d, 0, 0, Duration::from_secs(10), |_| true).await;
+
+    api.set_down(true);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The last state keeps serving.
+    let during = client::next(&mut d.tcp().await, 0, 0).await.unwrap();
+    assert_eq!(
+        (during.instance_id, during.rev, names(&during)),
+        (s.instance_id, s.rev, names(&s))
+    );
+
+    api.set_down(false);
+    api.apply(service("default", "after", "10.96.0.11"));
+    // Backoff after 5 s of failures stays well under 10 s.
+    let after = wait_state(&d, s.instance_id, s.rev, Duration::from_secs(15), |s| {
+        s.services.len() == 2
+    })
+    .await;
+    assert_eq!(names(&after), ["after", "web"]);
+    assert!(
+        d.log_text().contains("watch error"),
+        "outage not logged:\n{}",
+        d.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_services_with_ten_thousand_endpoints_sync_within_two_seconds() {
+    let api = FakeApiServer::start().await;
+    for i in 0..1000u32 {
+        let name = format!("svc-{i:04}");
+        api.apply(service(
+            "bulk",
+            &name,
+            &format!("10.96.{}.{}", i / 250, i % 250 + 1),
+        ));
+        let ips: Vec<String> = (0..10u32)
+            .map(|j| format!("10.{}.{}.{}", 100 + i / 250, i % 250, j + 1))
+            .collect();
+        api.apply(slice("bulk", &name, &ips));
+    }
+    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let started = Instant::now();
+    let d = start(&api).await;
+    let s = wait_state(&d, 0, 0, Duration::from_secs(10), |_| true).await;
+    let took = started.elapsed();
+    assert_eq!(
+        s.services.len(),
+        1000,
+        "never partial: the first state is complete"
+    );
+    let endpoints: usize = s.services.iter().map(|x| x.endpoints.len()).sum();
+    assert_eq!(endpoints, 10_000);
+    assert!(took < Duration::from_secs(2), "initial sync took {took:?}");
+}

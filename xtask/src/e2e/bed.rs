@@ -1,0 +1,465 @@
+//! The test bed: a mini node made of network namespaces.
+//!
+//! ```text
+//!   node netns (lo: 10.0.0.1, fd00::1, 169.254.1.1)  ── the client runs here,
+//!     │  vhN: routed veth (Calico style)                 inside the test cgroup
+//!     ├── pod1 netns  eth0 10.244.1.11 fd00:244::11  netexec
+//!     ├── pod2 netns  eth0 10.244.1.12 fd00:244::12  netexec
+//!     └── pod3 netns  eth0 10.244.1.13 fd00:244::13  netexec
+//! ```
+//!
+//! Pods reach the node through a /32 route and a default route via
+//! 169.254.1.1 (an address of the node's lo, so the node answers ARP for it)
+//! and, for IPv6, via fe80::1 on the node's veth. The daemon runs in the host
+//! namespace on the file source; its socket hooks attach to a cgroup v2
+//! directory created for the run. Everything is removed on drop, also when a
+//! scenario fails.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+pub const POD_COUNT: usize = 3;
+/// Ports every netexec serves.
+pub const TCP_PORTS: &[u16] = &[8080, 8081, 8082];
+pub const UDP_PORTS: &[u16] = &[5353, 8080];
+
+pub struct Pod {
+    pub name: String,
+    pub netns: String,
+    pub ipv4: String,
+    pub ipv6: String,
+}
+
+pub struct Bed {
+    pub prefix: String,
+    pub node_netns: String,
+    pub pods: Vec<Pod>,
+    pub cgroup: PathBuf,
+    pub bpffs: PathBuf,
+    pub dir: PathBuf,
+    pub proxy_mode: String,
+    pub daemon_bin: PathBuf,
+    pub xtask_bin: PathBuf,
+    pub localnet: SocketAddr,
+    servers: Vec<Child>,
+    daemon: Option<Child>,
+    netns: Vec<String>,
+    daemon_starts: u32,
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    run(Command::new("ip").args(args))
+}
+
+fn free_port() -> Result<SocketAddr> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?)
+}
+
+pub fn cgroup2_root() -> Result<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    for line in mountinfo.lines() {
+        // "... - cgroup2 cgroup2 rw" : mount point is field 5.
+        if let Some((left, right)) = line.split_once(" - ") {
+            if right.starts_with("cgroup2 ") {
+                if let Some(mp) = left.split_whitespace().nth(4) {
+                    return Ok(PathBuf::from(mp));
+                }
+            }
+        }
+    }
+    bail!("no cgroup2 mount in /proc/self/mountinfo")
+}
+
+impl Bed {
+    pub fn new(proxy_mode: &str, daemon_bin: PathBuf) -> Result<Bed> {
+        let id = std::process::id() % 100_000;
+        let prefix = format!("ekp{id}");
+        let dir = std::env::temp_dir().join(format!("ebpf-kube-proxy-e2e-{id}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("manifests"))?;
+        let cgroup = cgroup2_root()?.join(format!("ebpf-kube-proxy-e2e-{id}"));
+        let bpffs = PathBuf::from(format!("/sys/fs/bpf/ebpf-kube-proxy-e2e-{id}"));
+        let mut bed = Bed {
+            node_netns: format!("{prefix}-node"),
+            pods: Vec::new(),
+            cgroup,
+            bpffs,
+            dir,
+            proxy_mode: proxy_mode.to_owned(),
+            daemon_bin,
+            xtask_bin: std::env::current_exe()?,
+            localnet: free_port()?,
+            servers: Vec::new(),
+            daemon: None,
+            netns: Vec::new(),
+            daemon_starts: 0,
+            prefix,
+        };
+        bed.build().context("building the test bed")?;
+        Ok(bed)
+    }
+
+    fn add_netns(&mut self, name: &str) -> Result<()> {
+        ip(&["netns", "add", name])?;
+        self.netns.push(name.to_owned());
+        ip(&["-n", name, "link", "set", "lo", "up"])
+    }
+
+    fn sysctl(&self, netns: &str, key: &str, value: &str) -> Result<()> {
+        run(Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{netns}"))
+            .args(["sysctl", "-q", "-w", &format!("{key}={value}")]))
+    }
+
+    fn build(&mut self) -> Result<()> {
+        std::fs::create_dir_all(&self.cgroup)
+            .with_context(|| format!("creating cgroup {}", self.cgroup.display()))?;
+        let node = self.node_netns.clone();
+        self.add_netns(&node)?;
+        for addr in ["10.0.0.1/32", "169.254.1.1/32"] {
+            ip(&["-n", &node, "addr", "add", addr, "dev", "lo"])?;
+        }
+        ip(&["-n", &node, "-6", "addr", "add", "fd00::1/128", "dev", "lo"])?;
+        self.sysctl(&node, "net.ipv4.ip_forward", "1")?;
+        self.sysctl(&node, "net.ipv6.conf.all.forwarding", "1")?;
+        for i in 1..=POD_COUNT {
+            let pod = Pod {
+                name: format!("pod{i}"),
+                netns: format!("{}-pod{i}", self.prefix),
+                ipv4: format!("10.244.1.{}", 10 + i),
+                ipv6: format!("fd00:244::{}", 10 + i),
+            };
+            let veth = format!("{}v{i}", self.prefix);
+            self.add_netns(&pod.netns)?;
+            ip(&[
+                "-n", &node, "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns",
+                &pod.netns,
+            ])?;
+            ip(&["-n", &node, "link", "set", &veth, "up"])?;
+            ip(&[
+                "-n",
+                &node,
+                "-6",
+                "addr",
+                "add",
+                "fe80::1/64",
+                "dev",
+                &veth,
+                "nodad",
+            ])?;
+            ip(&[
+                "-n",
+                &node,
+                "route",
+                "add",
+                &format!("{}/32", pod.ipv4),
+                "dev",
+                &veth,
+            ])?;
+            ip(&[
+                "-n",
+                &node,
+                "-6",
+                "route",
+                "add",
+                &format!("{}/128", pod.ipv6),
+                "dev",
+                &veth,
+            ])?;
+            ip(&[
+                "-n",
+                &pod.netns,
+                "addr",
+                "add",
+                &format!("{}/32", pod.ipv4),
+                "dev",
+                "eth0",
+            ])?;
+            ip(&[
+                "-n",
+                &pod.netns,
+                "-6",
+                "addr",
+                "add",
+                &format!("{}/128", pod.ipv6),
+                "dev",
+                "eth0",
+                "nodad",
+            ])?;
+            ip(&["-n", &pod.netns, "link", "set", "eth0", "up"])?;
+            ip(&[
+                "-n",
+                &pod.netns,
+                "route",
+                "add",
+                "169.254.1.1",
+                "dev",
+                "eth0",
+                "scope",
+                "link",
+            ])?;
+            ip(&[
+                "-n",
+                &pod.netns,
+                "route",
+                "add",
+                "default",
+                "via",
+                "169.254.1.1",
+                "dev",
+                "eth0",
+            ])?;
+            ip(&[
+                "-n", &pod.netns, "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
+            ])?;
+            self.start_server(&pod)?;
+            self.pods.push(pod);
+        }
+        Ok(())
+    }
+
+    fn start_server(&mut self, pod: &Pod) -> Result<()> {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", pod.netns))
+            .arg(&self.xtask_bin)
+            .args(["netexec", "--name", &pod.name]);
+        for p in TCP_PORTS {
+            cmd.args(["--tcp", &p.to_string()]);
+        }
+        for p in UDP_PORTS {
+            cmd.args(["--udp", &p.to_string()]);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting netexec")?;
+        let stdout = child.stdout.take().context("netexec stdout")?;
+        self.servers.push(child);
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        if line.trim() != "ready" {
+            bail!("netexec in {} did not start: {line:?}", pod.netns);
+        }
+        Ok(())
+    }
+
+    /// Writes the scenario's manifests (atomically, replacing the previous
+    /// scenario's).
+    pub fn apply_manifests(&self, yaml: &str) -> Result<()> {
+        let path = self.dir.join("manifests/scenario.yaml");
+        let tmp = self.dir.join("manifests/.scenario.yaml.tmp");
+        std::fs::write(&tmp, yaml)?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
+    }
+
+    pub fn daemon_running(&self) -> bool {
+        self.daemon.is_some()
+    }
+
+    /// Starts the daemon and waits until it has published a state.
+    pub fn start_daemon(&mut self) -> Result<()> {
+        if !self.dir.join("manifests/scenario.yaml").exists() {
+            self.apply_manifests("")?;
+        }
+        self.daemon_starts += 1;
+        let log =
+            std::fs::File::create(self.dir.join(format!("daemon-{}.log", self.daemon_starts)))?;
+        let child = Command::new(&self.daemon_bin)
+            .args(["--source", "file", "--hostname-override", "node-1"])
+            .arg("--proxy-mode")
+            .arg(&self.proxy_mode)
+            .arg("--manifests")
+            .arg(self.dir.join("manifests"))
+            .arg("--cgroup-path")
+            .arg(&self.cgroup)
+            .arg("--bpffs-root")
+            .arg(&self.bpffs)
+            .arg("--localnet-bind-address")
+            .arg(self.localnet.to_string())
+            .arg("--localnet-socket")
+            .arg(self.dir.join("localnet.sock"))
+            .arg("--podinfo-socket")
+            .arg(self.dir.join("podinfo.sock"))
+            .arg("--metrics-bind-address")
+            .arg(free_port()?.to_string())
+            .arg("--healthz-bind-address")
+            .arg(free_port()?.to_string())
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting the daemon")?;
+        self.daemon = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = Command::new(&self.daemon_bin)
+                .args(["localnet", "watch", "--once", "--target"])
+                .arg(self.localnet.to_string())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()?;
+            if out.success() {
+                return Ok(());
+            }
+            if let Some(d) = self.daemon.as_mut() {
+                if let Some(st) = d.try_wait()? {
+                    self.daemon = None;
+                    bail!("the daemon exited: {st}; log:\n{}", self.daemon_log());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the daemon published no state within 20 s; log:\n{}",
+                    self.daemon_log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn daemon_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join(format!("daemon-{}.log", self.daemon_starts)))
+            .unwrap_or_default()
+    }
+
+    /// SIGKILL: what a crash or an OOM kill does.
+    pub fn kill_daemon(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+    }
+
+    /// SIGTERM and wait.
+    pub fn stop_daemon(&mut self) -> Result<()> {
+        if let Some(mut d) = self.daemon.take() {
+            run(Command::new("kill").args(["-TERM", &d.id().to_string()]))?;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while d.try_wait()?.is_none() {
+                if Instant::now() > deadline {
+                    let _ = d.kill();
+                    bail!("the daemon did not stop within 10 s of SIGTERM");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the daemon's `cleanup` subcommand for this bed's paths.
+    pub fn cleanup_command(&self) -> Result<String> {
+        let out = Command::new(&self.daemon_bin)
+            .arg("cleanup")
+            .arg("--bpffs-root")
+            .arg(&self.bpffs)
+            .arg("--cgroup-path")
+            .arg(&self.cgroup)
+            .arg("--localnet-socket")
+            .arg(self.dir.join("localnet.sock"))
+            .arg("--podinfo-socket")
+            .arg(self.dir.join("podinfo.sock"))
+            .output()?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !out.status.success() {
+            bail!("cleanup failed: {text}");
+        }
+        Ok(text)
+    }
+
+    /// A client in `netns` (the node's by default) and in the test cgroup.
+    /// Returns its output lines.
+    pub fn client(&self, netns: Option<&str>, args: &[&str]) -> Result<Vec<String>> {
+        let child = self.spawn_client(netns, args)?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "client failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect())
+    }
+
+    pub fn spawn_client(&self, netns: Option<&str>, args: &[&str]) -> Result<Child> {
+        let netns = netns.unwrap_or(&self.node_netns);
+        // Join the cgroup first, then the network namespace, then exec the
+        // client: every socket it opens is covered by the hooks.
+        let script = r#"echo $$ > "$1/cgroup.procs" && shift && exec nsenter --net="/run/netns/$1" "$2" client "${@:3}""#;
+        let mut cmd = Command::new("bash");
+        cmd.args(["-c", script, "client"])
+            .arg(&self.cgroup)
+            .arg(netns)
+            .arg(&self.xtask_bin)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd.spawn().context("starting the client")
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        self.kill_daemon();
+        for s in &mut self.servers {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        // Remove programs and pins through the product's own cleanup first;
+        // then make sure, whatever it did.
+        if self.daemon_bin.exists() {
+            let _ = self.cleanup_command();
+        }
+        let _ = std::fs::remove_dir_all(&self.bpffs);
+        for ns in self.netns.iter().rev() {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        // The cgroup can only be removed once empty: move stragglers out.
+        if let Ok(procs) = std::fs::read_to_string(self.cgroup.join("cgroup.procs")) {
+            if let Some(parent) = self.cgroup.parent() {
+                for pid in procs.lines() {
+                    let _ = std::fs::write(parent.join("cgroup.procs"), pid);
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(&self.cgroup);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Where this bed's state lives, for error messages.
+pub fn describe(bed: &Bed) -> String {
+    format!(
+        "netns {}-*, cgroup {}, bpffs {}, dir {}",
+        bed.prefix,
+        bed.cgroup.display(),
+        bed.bpffs.display(),
+        Path::new(&bed.dir).display()
+    )
+}

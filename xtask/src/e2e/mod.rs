@@ -1,0 +1,116 @@
+//! `cargo xtask e2e [--proxy-mode ebpf|nftables] [--filter NAME]`: the
+//! real daemon, real kernel datapath and real traffic between network
+//! namespaces (see `bed.rs` for the topology). Needs root.
+//!
+//! Prints one line per scenario and ends with `N passed, N failed`.
+
+mod bed;
+pub mod netexec;
+mod scenarios;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+pub struct Options {
+    pub proxy_mode: String,
+    pub filter: Option<String>,
+}
+
+pub fn parse_args(args: &[String]) -> Result<Options> {
+    let mut opts = Options {
+        proxy_mode: "ebpf".to_owned(),
+        filter: None,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--proxy-mode" => {
+                opts.proxy_mode = it.next().context("--proxy-mode needs a value")?.clone()
+            }
+            "--filter" => opts.filter = Some(it.next().context("--filter needs a value")?.clone()),
+            other => bail!("e2e: unknown argument {other}"),
+        }
+    }
+    Ok(opts)
+}
+
+fn preflight() -> Result<()> {
+    let uid = Command::new("id").arg("-u").output()?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        bail!("the e2e suite needs root (network namespaces, cgroups, eBPF)");
+    }
+    for tool in ["ip", "nsenter", "bash", "sysctl"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()?
+            .status
+            .success();
+        if !found {
+            bail!("the e2e suite needs `{tool}` (Debian: iproute2, util-linux, procps)");
+        }
+    }
+    let mounted = Command::new("mountpoint")
+        .args(["-q", "/sys/fs/bpf"])
+        .status()?
+        .success();
+    if !mounted {
+        let st = Command::new("mount")
+            .args(["-t", "bpf", "bpf", "/sys/fs/bpf"])
+            .status()?;
+        if !st.success() {
+            bail!("could not mount bpffs at /sys/fs/bpf");
+        }
+    }
+    Ok(())
+}
+
+/// Runs the suite; returns (passed, failed).
+pub fn run(root: &Path, opts: &Options) -> Result<(usize, usize)> {
+    preflight()?;
+    let daemon_bin = root.join("target/debug/ebpf-kube-proxy");
+    let mut bed = bed::Bed::new(&opts.proxy_mode, daemon_bin)?;
+    println!(
+        "e2e: proxy-mode {} ({})",
+        opts.proxy_mode,
+        bed::describe(&bed)
+    );
+    let (mut passed, mut failed) = (0, 0);
+    for s in scenarios::all() {
+        if let Some(f) = &opts.filter {
+            if !s.name.contains(f.as_str()) {
+                continue;
+            }
+        }
+        let started = Instant::now();
+        match (s.run)(&mut bed) {
+            Ok(()) => {
+                passed += 1;
+                println!(
+                    "PASS {} [{}] ({:.1}s)",
+                    s.name,
+                    opts.proxy_mode,
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            Err(e) => {
+                failed += 1;
+                println!(
+                    "FAIL {} [{}] ({:.1}s): {e:#}",
+                    s.name,
+                    opts.proxy_mode,
+                    started.elapsed().as_secs_f64()
+                );
+                let log = bed.daemon_log();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                for l in tail.iter().rev() {
+                    println!("    daemon| {l}");
+                }
+            }
+        }
+    }
+    drop(bed);
+    Ok((passed, failed))
+}

@@ -1,0 +1,214 @@
+//! A netexec-like echo server for test pods and the matching client.
+//!
+//! Server: answers every TCP connection (after reading one line) and every
+//! UDP datagram with `<pod name> <local port> <client address>\n`, on any
+//! number of ports, IPv4 and IPv6.
+//!
+//! Client: sends `count` requests (or runs for a duration) to one target and
+//! prints one line per request: `ok <pod> port=<n> peer=<addr> ms=<n>` or
+//! `err <reason> ms=<n>`, so the scenario sees exactly what a user would.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
+/// `netexec --name POD [--tcp PORT]... [--udp PORT]...`
+pub fn serve(args: &[String]) -> Result<()> {
+    let mut name = None;
+    let mut tcp = Vec::new();
+    let mut udp = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().cloned().context("flag needs a value");
+        match a.as_str() {
+            "--name" => name = Some(value()?),
+            "--tcp" => tcp.push(value()?.parse::<u16>()?),
+            "--udp" => udp.push(value()?.parse::<u16>()?),
+            other => bail!("netexec: unknown argument {other}"),
+        }
+    }
+    let name = name.context("netexec: --name is required")?;
+    let mut threads = Vec::new();
+    for port in tcp {
+        // [::] with IPV6_V6ONLY off (Linux default) serves IPv4 too.
+        let l = TcpListener::bind(("::", port)).with_context(|| format!("tcp {port}"))?;
+        let name = name.clone();
+        threads.push(std::thread::spawn(move || {
+            for conn in l.incoming().flatten() {
+                let name = name.clone();
+                std::thread::spawn(move || answer_tcp(conn, &name, port));
+            }
+        }));
+    }
+    for port in udp {
+        let s = UdpSocket::bind(("::", port)).with_context(|| format!("udp {port}"))?;
+        let name = name.clone();
+        threads.push(std::thread::spawn(move || {
+            let mut buf = [0u8; 1500];
+            while let Ok((_, peer)) = s.recv_from(&mut buf) {
+                let reply = format!("{name} {port} {}\n", canonical(peer));
+                let _ = s.send_to(reply.as_bytes(), peer);
+            }
+        }));
+    }
+    println!("ready");
+    std::io::stdout().flush()?;
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(())
+}
+
+fn answer_tcp(conn: TcpStream, name: &str, port: u16) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let peer = match conn.peer_addr() {
+        Ok(p) => canonical(p),
+        Err(_) => return,
+    };
+    let mut line = String::new();
+    let mut reader = BufReader::new(&conn);
+    if reader.read_line(&mut line).is_err() {
+        return;
+    }
+    let _ = (&conn).write_all(format!("{name} {port} {peer}\n").as_bytes());
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Proto {
+    Tcp,
+    Udp,
+}
+
+/// `client --proto tcp|udp --target ADDR:PORT [--count N] [--duration-ms D]
+///  [--interval-ms I] [--timeout-ms T] [--reuse]`
+///
+/// `--reuse` keeps one UDP socket for all requests (a long-lived client).
+pub fn client(args: &[String]) -> Result<()> {
+    let mut proto = Proto::Tcp;
+    let mut target: Option<SocketAddr> = None;
+    let mut count = 1u64;
+    let mut duration = None;
+    let mut interval = Duration::ZERO;
+    let mut timeout = Duration::from_millis(1000);
+    let mut reuse = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().cloned().context("flag needs a value");
+        match a.as_str() {
+            "--proto" => {
+                proto = match value()?.as_str() {
+                    "tcp" => Proto::Tcp,
+                    "udp" => Proto::Udp,
+                    p => bail!("client: unknown protocol {p}"),
+                }
+            }
+            "--target" => target = Some(value()?.parse()?),
+            "--count" => count = value()?.parse()?,
+            "--duration-ms" => duration = Some(Duration::from_millis(value()?.parse()?)),
+            "--interval-ms" => interval = Duration::from_millis(value()?.parse()?),
+            "--timeout-ms" => timeout = Duration::from_millis(value()?.parse()?),
+            "--reuse" => reuse = true,
+            other => bail!("client: unknown argument {other}"),
+        }
+    }
+    let target = target.context("client: --target is required")?;
+    let started = Instant::now();
+    let mut shared_udp: Option<UdpSocket> = None;
+    let mut out = std::io::stdout().lock();
+    let mut sent = 0u64;
+    loop {
+        match duration {
+            Some(d) if started.elapsed() >= d => break,
+            None if sent >= count => break,
+            _ => {}
+        }
+        sent += 1;
+        let t = Instant::now();
+        let result = match proto {
+            Proto::Tcp => tcp_request(target, timeout),
+            Proto::Udp => {
+                if reuse {
+                    if shared_udp.is_none() {
+                        shared_udp = Some(udp_socket(target, timeout)?);
+                    }
+                    shared_udp
+                        .as_ref()
+                        .map(|s| udp_request(s, target))
+                        .unwrap_or_else(|| Err("no socket".to_owned()))
+                } else {
+                    udp_socket(target, timeout)
+                        .map_err(|e| e.to_string())
+                        .and_then(|s| udp_request(&s, target))
+                }
+            }
+        };
+        let ms = t.elapsed().as_millis();
+        match result {
+            Ok((answer, peer)) => writeln!(out, "ok {answer} peer={peer} ms={ms}")?,
+            Err(e) => writeln!(out, "err {} ms={ms}", e.replace(' ', "_"))?,
+        }
+        out.flush()?;
+        if !interval.is_zero() {
+            std::thread::sleep(interval);
+        }
+    }
+    Ok(())
+}
+
+fn tcp_request(target: SocketAddr, timeout: Duration) -> Result<(String, String), String> {
+    let conn = TcpStream::connect_timeout(&target, timeout).map_err(|e| format!("connect: {e}"))?;
+    // What the application sees as its peer: the VIP when rev-NAT works.
+    let peer = conn
+        .peer_addr()
+        .map(canonical)
+        .map_err(|e| format!("getpeername: {e}"))?;
+    conn.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    (&conn)
+        .write_all(b"hello\n")
+        .map_err(|e| format!("write: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(&conn)
+        .read_line(&mut line)
+        .map_err(|e| format!("read: {e}"))?;
+    Ok((parse_answer(&line)?, peer.to_string()))
+}
+
+fn udp_socket(target: SocketAddr, timeout: Duration) -> Result<UdpSocket> {
+    let bind: SocketAddr = if target.is_ipv4() {
+        "0.0.0.0:0".parse()?
+    } else {
+        "[::]:0".parse()?
+    };
+    let s = UdpSocket::bind(bind)?;
+    s.set_read_timeout(Some(timeout))?;
+    Ok(s)
+}
+
+/// Unconnected sendto/recvfrom: sendmsg and recvmsg hooks at work; the
+/// reply's source must read as the VIP.
+fn udp_request(s: &UdpSocket, target: SocketAddr) -> Result<(String, String), String> {
+    s.send_to(b"hello\n", target)
+        .map_err(|e| format!("sendto: {e}"))?;
+    let mut buf = [0u8; 1500];
+    let (n, from) = s
+        .recv_from(&mut buf)
+        .map_err(|e| format!("recvfrom: {e}"))?;
+    let text = String::from_utf8_lossy(&buf[..n]);
+    Ok((parse_answer(&text)?, canonical(from).to_string()))
+}
+
+/// `<pod> <port> <client>` → `<pod> port=<port>`.
+fn parse_answer(text: &str) -> Result<String, String> {
+    let mut words = text.split_whitespace();
+    match (words.next(), words.next()) {
+        (Some(pod), Some(port)) => Ok(format!("{pod} port={port}")),
+        _ => Err(format!("bad_answer:{text:?}")),
+    }
+}

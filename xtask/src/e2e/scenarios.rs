@@ -1,0 +1,605 @@
+//! The e2e scenarios. Each writes its manifests, lets the daemon program
+//! them, and asserts on what the client receives.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+
+use super::bed::Bed;
+
+pub struct Scenario {
+    pub name: &'static str,
+    pub run: fn(&mut Bed) -> Result<()>,
+}
+
+pub fn all() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            name: "test-bed-pods-reachable-directly",
+            run: pods_reachable,
+        },
+        Scenario {
+            name: "clusterip-tcp-spreads-over-endpoints",
+            run: clusterip_tcp,
+        },
+        Scenario {
+            name: "clusterip-udp-spreads-over-endpoints",
+            run: clusterip_udp,
+        },
+        Scenario {
+            name: "multi-port-and-same-port-tcp-udp",
+            run: multi_port,
+        },
+        Scenario {
+            name: "endpoint-removed-and-added",
+            run: endpoint_churn,
+        },
+        Scenario {
+            name: "no-endpoints-refused-at-once",
+            run: no_endpoints,
+        },
+        Scenario {
+            name: "session-affinity-client-ip",
+            run: session_affinity,
+        },
+        Scenario {
+            name: "internal-traffic-policy-local",
+            run: itp_local,
+        },
+        Scenario {
+            name: "ipv6-clusterip",
+            run: ipv6,
+        },
+        Scenario {
+            name: "daemon-sigkill-restart-no-failed-requests",
+            run: restart,
+        },
+        Scenario {
+            name: "cleanup-leaves-nothing-behind",
+            run: cleanup,
+        },
+    ]
+}
+
+// ---- manifests ----
+
+/// (name, protocol, port, targetPort).
+type PortSpec = (&'static str, &'static str, u16, u16);
+
+struct Svc<'a> {
+    name: &'a str,
+    cluster_ip: &'a str,
+    ports: &'a [PortSpec],
+    extra_spec: &'a str,
+}
+
+fn service_yaml(s: &Svc) -> String {
+    let mut y = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {}, namespace: e2e}}\nspec:\n  clusterIP: {}\n{}  ports:\n",
+        s.name, s.cluster_ip, s.extra_spec
+    );
+    for (name, proto, port, target) in s.ports {
+        y.push_str(&format!(
+            "  - {{name: {name:?}, protocol: {proto}, port: {port}, targetPort: {target}}}\n"
+        ));
+    }
+    y
+}
+
+/// One slice of `svc` with the given pods (index into bed.pods, node name).
+fn slice_yaml(bed: &Bed, svc: &Svc, v6: bool, members: &[(usize, &str)]) -> String {
+    let mut y = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: {}-{}, namespace: e2e, labels: {{kubernetes.io/service-name: {}}}}}\n\
+         addressType: {}\nports:\n",
+        svc.name,
+        if v6 { "v6" } else { "v4" },
+        svc.name,
+        if v6 { "IPv6" } else { "IPv4" }
+    );
+    for (name, proto, _, target) in svc.ports {
+        y.push_str(&format!(
+            "- {{name: {name:?}, protocol: {proto}, port: {target}}}\n"
+        ));
+    }
+    y.push_str(if members.is_empty() {
+        "endpoints: []\n"
+    } else {
+        "endpoints:\n"
+    });
+    for (i, node) in members {
+        let pod = &bed.pods[*i];
+        let addr = if v6 { &pod.ipv6 } else { &pod.ipv4 };
+        y.push_str(&format!(
+            "- {{addresses: [\"{addr}\"], nodeName: {node}, conditions: {{ready: true}}, targetRef: {{kind: Pod, namespace: e2e, name: {}}}}}\n",
+            pod.name
+        ));
+    }
+    y
+}
+
+fn docs(parts: &[String]) -> String {
+    parts.join("---\n")
+}
+
+const WEB: Svc = Svc {
+    name: "web",
+    cluster_ip: "10.96.0.10",
+    ports: &[("http", "TCP", 80, 8080)],
+    extra_spec: "",
+};
+
+fn three_pods() -> [(usize, &'static str); 3] {
+    [(0, "node-1"), (1, "node-2"), (2, "node-3")]
+}
+
+// ---- client output ----
+
+#[derive(Debug, Default)]
+struct Results {
+    /// "pod port=N" → count.
+    answers: BTreeMap<String, usize>,
+    peers: BTreeMap<String, usize>,
+    errors: Vec<String>,
+    /// Slowest error in ms.
+    max_error_ms: u128,
+}
+
+impl Results {
+    fn parse(lines: &[String]) -> Results {
+        let mut r = Results::default();
+        for l in lines {
+            let ms: u128 = l
+                .rsplit_once("ms=")
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or(0);
+            if let Some(rest) = l.strip_prefix("ok ") {
+                let mut words = rest.split_whitespace();
+                let pod = words.next().unwrap_or("").to_owned();
+                let port = words.next().unwrap_or("").to_owned();
+                let peer = words
+                    .next()
+                    .and_then(|p| p.strip_prefix("peer="))
+                    .unwrap_or("")
+                    .to_owned();
+                *r.answers.entry(format!("{pod} {port}")).or_default() += 1;
+                *r.peers.entry(peer).or_default() += 1;
+            } else {
+                r.errors.push(l.clone());
+                r.max_error_ms = r.max_error_ms.max(ms);
+            }
+        }
+        r
+    }
+
+    fn pods(&self) -> BTreeMap<String, usize> {
+        let mut pods = BTreeMap::new();
+        for (k, v) in &self.answers {
+            let pod = k.split_whitespace().next().unwrap_or("").to_owned();
+            *pods.entry(pod).or_default() += v;
+        }
+        pods
+    }
+
+    fn ok_count(&self) -> usize {
+        self.answers.values().sum()
+    }
+}
+
+fn request(bed: &Bed, proto: &str, target: &str, count: usize) -> Result<Results> {
+    let lines = bed.client(
+        None,
+        &[
+            "--proto",
+            proto,
+            "--target",
+            target,
+            "--count",
+            &count.to_string(),
+        ],
+    )?;
+    Ok(Results::parse(&lines))
+}
+
+/// Retries single requests until one is answered (the daemon programs a
+/// change asynchronously), up to `within`.
+fn wait_until_served(bed: &Bed, proto: &str, target: &str, within: Duration) -> Result<Duration> {
+    let started = Instant::now();
+    loop {
+        let r = request(bed, proto, target, 1)?;
+        if r.ok_count() == 1 {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > within {
+            bail!(
+                "{target}/{proto} not served within {within:?}: {:?}",
+                r.errors
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn assert_spread(r: &Results, total: usize, expected_pods: &[&str], min_share: f64) -> Result<()> {
+    ensure!(
+        r.errors.is_empty(),
+        "{} failed requests, e.g. {:?}",
+        r.errors.len(),
+        r.errors.first()
+    );
+    let pods = r.pods();
+    let names: Vec<&str> = pods.keys().map(String::as_str).collect();
+    ensure!(
+        names == expected_pods,
+        "answered by {pods:?}, expected exactly {expected_pods:?}"
+    );
+    for (pod, n) in &pods {
+        let share = *n as f64 / total as f64;
+        ensure!(
+            share >= min_share,
+            "{pod} answered {n}/{total} ({:.0}%), below {:.0}%: {pods:?}",
+            share * 100.0,
+            min_share * 100.0
+        );
+    }
+    Ok(())
+}
+
+fn assert_peer_is(r: &Results, vip: &str) -> Result<()> {
+    let peers: Vec<&String> = r.peers.keys().collect();
+    ensure!(
+        peers == [vip],
+        "the application must see the service address {vip} as its peer, saw {:?}",
+        r.peers
+    );
+    Ok(())
+}
+
+fn ensure_daemon(bed: &mut Bed) -> Result<()> {
+    if !bed.daemon_running() {
+        bed.start_daemon()?;
+    }
+    Ok(())
+}
+
+// ---- scenarios ----
+
+/// The bed itself: every pod answers on its own addresses, both families,
+/// TCP and UDP, without any service involved.
+fn pods_reachable(bed: &mut Bed) -> Result<()> {
+    for pod in &bed.pods {
+        for (proto, target) in [
+            ("tcp", format!("{}:8080", pod.ipv4)),
+            ("udp", format!("{}:5353", pod.ipv4)),
+            ("tcp", format!("[{}]:8080", pod.ipv6)),
+        ] {
+            let r = request(bed, proto, &target, 1)?;
+            let pods: Vec<String> = r.pods().into_keys().collect();
+            ensure!(
+                pods == [pod.name.clone()],
+                "{target}/{proto}: {:?} {:?}",
+                r.pods(),
+                r.errors
+            );
+        }
+    }
+    Ok(())
+}
+
+fn clusterip_tcp(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    bed.apply_manifests(&docs(&[
+        service_yaml(&WEB),
+        slice_yaml(bed, &WEB, false, &three_pods()),
+    ]))?;
+    wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
+    let r = request(bed, "tcp", "10.96.0.10:80", 300)?;
+    assert_spread(&r, 300, &["pod1", "pod2", "pod3"], 0.15)?;
+    assert_peer_is(&r, "10.96.0.10:80")
+}
+
+fn clusterip_udp(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    let dns = Svc {
+        name: "dns",
+        cluster_ip: "10.96.0.53",
+        ports: &[("dns", "UDP", 53, 5353)],
+        extra_spec: "",
+    };
+    bed.apply_manifests(&docs(&[
+        service_yaml(&dns),
+        slice_yaml(bed, &dns, false, &three_pods()),
+    ]))?;
+    wait_until_served(bed, "udp", "10.96.0.53:53", Duration::from_secs(5))?;
+    let r = request(bed, "udp", "10.96.0.53:53", 300)?;
+    assert_spread(&r, 300, &["pod1", "pod2", "pod3"], 0.15)?;
+    // recvmsg rev-NAT: the reply comes from the service address.
+    assert_peer_is(&r, "10.96.0.53:53")
+}
+
+fn multi_port(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    let svc = Svc {
+        name: "multi",
+        cluster_ip: "10.96.0.20",
+        ports: &[
+            ("http", "TCP", 80, 8080),
+            ("admin", "TCP", 81, 8081),
+            ("stream", "TCP", 53, 8082),
+            ("dns", "UDP", 53, 5353),
+        ],
+        extra_spec: "",
+    };
+    bed.apply_manifests(&docs(&[
+        service_yaml(&svc),
+        slice_yaml(bed, &svc, false, &three_pods()),
+    ]))?;
+    wait_until_served(bed, "tcp", "10.96.0.20:80", Duration::from_secs(5))?;
+    for (proto, target, backend_port) in [
+        ("tcp", "10.96.0.20:80", 8080),
+        ("tcp", "10.96.0.20:81", 8081),
+        ("tcp", "10.96.0.20:53", 8082),
+        ("udp", "10.96.0.20:53", 5353),
+    ] {
+        let r = request(bed, proto, target, 30)?;
+        ensure!(r.errors.is_empty(), "{target}/{proto}: {:?}", r.errors);
+        for answer in r.answers.keys() {
+            ensure!(
+                answer.ends_with(&format!("port={backend_port}")),
+                "{target}/{proto} must reach backend port {backend_port}, got {answer}"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn endpoint_churn(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    let all = three_pods();
+    bed.apply_manifests(&docs(&[
+        service_yaml(&WEB),
+        slice_yaml(bed, &WEB, false, &all),
+    ]))?;
+    wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
+
+    bed.apply_manifests(&docs(&[
+        service_yaml(&WEB),
+        slice_yaml(bed, &WEB, false, &all[..2]),
+    ]))?;
+    std::thread::sleep(Duration::from_secs(1));
+    let r = request(bed, "tcp", "10.96.0.10:80", 100)?;
+    ensure!(r.errors.is_empty(), "{:?}", r.errors.first());
+    ensure!(
+        !r.pods().contains_key("pod3"),
+        "removed endpoint still reached 1 s later: {:?}",
+        r.pods()
+    );
+
+    let added = Instant::now();
+    bed.apply_manifests(&docs(&[
+        service_yaml(&WEB),
+        slice_yaml(bed, &WEB, false, &all),
+    ]))?;
+    loop {
+        let r = request(bed, "tcp", "10.96.0.10:80", 10)?;
+        if r.pods().contains_key("pod3") {
+            break;
+        }
+        ensure!(
+            added.elapsed() < Duration::from_secs(1),
+            "added endpoint not reached within 1 s"
+        );
+    }
+    Ok(())
+}
+
+fn no_endpoints(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    let empty = Svc {
+        name: "empty",
+        cluster_ip: "10.96.0.30",
+        ports: &[("tcp", "TCP", 80, 8080), ("udp", "UDP", 53, 5353)],
+        extra_spec: "",
+    };
+    // Program it with an endpoint first, so "refused" is the datapath's
+    // answer for an empty service and not a missing service.
+    bed.apply_manifests(&docs(&[
+        service_yaml(&empty),
+        slice_yaml(bed, &empty, false, &[(0, "node-1")]),
+    ]))?;
+    wait_until_served(bed, "tcp", "10.96.0.30:80", Duration::from_secs(5))?;
+    bed.apply_manifests(&docs(&[
+        service_yaml(&empty),
+        slice_yaml(bed, &empty, false, &[]),
+    ]))?;
+    let started = Instant::now();
+    loop {
+        let r = request(bed, "tcp", "10.96.0.30:80", 1)?;
+        if r.ok_count() == 0 {
+            ensure!(r.max_error_ms < 1000, "refusal took {} ms", r.max_error_ms);
+            break;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(2),
+            "still served 2 s after the last endpoint went away"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (proto, target) in [("tcp", "10.96.0.30:80"), ("udp", "10.96.0.30:53")] {
+        let r = request(bed, proto, target, 5)?;
+        ensure!(
+            r.ok_count() == 0,
+            "{target}/{proto} answered without endpoints"
+        );
+        ensure!(
+            r.max_error_ms < 1000,
+            "{target}/{proto}: refusal took {} ms: {:?}",
+            r.max_error_ms,
+            r.errors
+        );
+    }
+    Ok(())
+}
+
+fn session_affinity(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    let svc = Svc {
+        name: "sticky",
+        cluster_ip: "10.96.0.40",
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 1}}\n",
+    };
+    bed.apply_manifests(&docs(&[
+        service_yaml(&svc),
+        slice_yaml(bed, &svc, false, &three_pods()),
+    ]))?;
+    wait_until_served(bed, "tcp", "10.96.0.40:80", Duration::from_secs(5))?;
+    let r = request(bed, "tcp", "10.96.0.40:80", 50)?;
+    ensure!(r.errors.is_empty(), "{:?}", r.errors.first());
+    ensure!(
+        r.pods().len() == 1,
+        "50 requests from one client must hit one pod: {:?}",
+        r.pods()
+    );
+    // After the timeout a new pick happens: over 8 idle periods at least two
+    // different pods answer (a false failure needs 8 identical random picks
+    // of 3: p = 1/3^7 ≈ 0.05%).
+    let mut picked = std::collections::BTreeSet::new();
+    picked.extend(r.pods().into_keys());
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(1600));
+        let r = request(bed, "tcp", "10.96.0.40:80", 3)?;
+        ensure!(
+            r.pods().len() == 1,
+            "within the timeout one pod answers: {:?}",
+            r.pods()
+        );
+        picked.extend(r.pods().into_keys());
+        if picked.len() > 1 {
+            return Ok(());
+        }
+    }
+    bail!("the same pod answered after every affinity timeout: {picked:?}")
+}
+
+fn itp_local(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    let svc = Svc {
+        name: "local",
+        cluster_ip: "10.96.0.50",
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "  internalTrafficPolicy: Local\n",
+    };
+    bed.apply_manifests(&docs(&[
+        service_yaml(&svc),
+        slice_yaml(bed, &svc, false, &three_pods()),
+    ]))?;
+    wait_until_served(bed, "tcp", "10.96.0.50:80", Duration::from_secs(5))?;
+    let r = request(bed, "tcp", "10.96.0.50:80", 100)?;
+    ensure!(r.errors.is_empty(), "{:?}", r.errors.first());
+    let pods: Vec<String> = r.pods().into_keys().collect();
+    ensure!(
+        pods == ["pod1"],
+        "only the endpoint on node-1 may answer: {:?}",
+        r.pods()
+    );
+    Ok(())
+}
+
+fn ipv6(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    let svc = Svc {
+        name: "web6",
+        cluster_ip: "fd00:96::10",
+        ports: &[("http", "TCP", 80, 8080), ("dns", "UDP", 53, 5353)],
+        extra_spec: "  ipFamilies: [IPv6]\n",
+    };
+    bed.apply_manifests(&docs(&[
+        service_yaml(&svc),
+        slice_yaml(bed, &svc, true, &three_pods()),
+    ]))?;
+    wait_until_served(bed, "tcp", "[fd00:96::10]:80", Duration::from_secs(5))?;
+    let r = request(bed, "tcp", "[fd00:96::10]:80", 150)?;
+    assert_spread(&r, 150, &["pod1", "pod2", "pod3"], 0.15)?;
+    assert_peer_is(&r, "[fd00:96::10]:80")?;
+    let r = request(bed, "udp", "[fd00:96::10]:53", 60)?;
+    ensure!(r.errors.is_empty(), "{:?}", r.errors.first());
+    assert_peer_is(&r, "[fd00:96::10]:53")
+}
+
+fn restart(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    bed.apply_manifests(&docs(&[
+        service_yaml(&WEB),
+        slice_yaml(bed, &WEB, false, &three_pods()),
+    ]))?;
+    wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
+    let mut client = bed.spawn_client(
+        None,
+        &[
+            "--proto",
+            "tcp",
+            "--target",
+            "10.96.0.10:80",
+            "--duration-ms",
+            "6000",
+            "--interval-ms",
+            "10",
+        ],
+    )?;
+    let stdout = client.stdout.take().context("client stdout")?;
+    let reader = std::thread::spawn(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<String>>()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    bed.kill_daemon();
+    std::thread::sleep(Duration::from_millis(1000));
+    bed.start_daemon()?;
+    let status = client.wait()?;
+    let lines = reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("reader panicked"))?;
+    ensure!(status.success(), "client exited with {status}");
+    let r = Results::parse(&lines);
+    ensure!(
+        r.ok_count() > 100,
+        "too few requests made ({}) to prove anything",
+        r.ok_count()
+    );
+    ensure!(
+        r.errors.is_empty(),
+        "{} of {} requests failed across the restart, e.g. {:?}",
+        r.errors.len(),
+        lines.len(),
+        r.errors.first()
+    );
+    Ok(())
+}
+
+fn cleanup(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    bed.apply_manifests(&docs(&[
+        service_yaml(&WEB),
+        slice_yaml(bed, &WEB, false, &three_pods()),
+    ]))?;
+    wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
+    bed.stop_daemon()?;
+    bed.cleanup_command()?;
+    let leftovers: Vec<_> = match std::fs::read_dir(&bed.bpffs) {
+        Ok(entries) => entries.flatten().map(|e| e.path()).collect(),
+        Err(_) => Vec::new(),
+    };
+    ensure!(leftovers.is_empty(), "pins left behind: {leftovers:?}");
+    // No hook any more: the service address is just an unroutable address.
+    let r = request(bed, "tcp", "10.96.0.10:80", 1)?;
+    ensure!(
+        r.ok_count() == 0,
+        "the service still answers after cleanup: programs are still attached"
+    );
+    Ok(())
+}
