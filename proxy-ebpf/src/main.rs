@@ -34,9 +34,9 @@ use aya_ebpf::{
 };
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, RevNatKey, RevNatValue, ServiceKey, ServiceValue,
-    FAMILY_V4, FAMILY_V6, MAX_AFFINITY, MAX_BACKENDS, MAX_REVNAT, MAX_SERVICE_ENTRIES,
-    PROTO_SCTP, PROTO_TCP, PROTO_UDP, STAT_AFFINITY_HIT, STAT_COUNT, STAT_NO_BACKEND,
-    STAT_SLOT_MISSING, STAT_TRANSLATED, SVC_FLAG_AFFINITY,
+    FAMILY_V4, FAMILY_V6, MAX_AFFINITY, MAX_BACKENDS, MAX_REVNAT, MAX_SERVICE_ENTRIES, PROTO_SCTP,
+    PROTO_TCP, PROTO_UDP, STAT_AFFINITY_HIT, STAT_COUNT, STAT_NO_BACKEND, STAT_SLOT_MISSING,
+    STAT_TRANSLATED, SVC_FLAG_AFFINITY,
 };
 
 // All maps are pinned by name: the loader gives a pin directory, and a
@@ -44,8 +44,7 @@ use proxy_common::{
 // while it is away.
 
 #[map]
-static EKP_SERVICES: HashMap<ServiceKey, ServiceValue> =
-    HashMap::pinned(MAX_SERVICE_ENTRIES, 0);
+static EKP_SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::pinned(MAX_SERVICE_ENTRIES, 0);
 
 #[map]
 static EKP_BACKENDS: HashMap<u32, Backend> = HashMap::pinned(MAX_BACKENDS, 0);
@@ -54,8 +53,7 @@ static EKP_BACKENDS: HashMap<u32, Backend> = HashMap::pinned(MAX_BACKENDS, 0);
 static EKP_REVNAT: LruHashMap<RevNatKey, RevNatValue> = LruHashMap::pinned(MAX_REVNAT, 0);
 
 #[map]
-static EKP_AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
-    LruHashMap::pinned(MAX_AFFINITY, 0);
+static EKP_AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned(MAX_AFFINITY, 0);
 
 #[map]
 static EKP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(STAT_COUNT, 0);
@@ -238,7 +236,11 @@ fn translate(ctx: &SockAddrContext, v6: bool, proto: u8) -> i32 {
         _pad: 0,
     };
     // SAFETY: helper without arguments.
-    let now = if affinity { unsafe { bpf_ktime_get_ns() } } else { 0 };
+    let now = if affinity {
+        unsafe { bpf_ktime_get_ns() }
+    } else {
+        0
+    };
     let sticky = if affinity {
         affinity_lookup(&akey, timeout, now)
     } else {

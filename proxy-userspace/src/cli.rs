@@ -8,6 +8,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::datapath::ProxyMode;
 use crate::localnet::client::Target;
 use crate::localnet::render::OutputFormat;
+use crate::model::ObjectKey;
+use crate::podinfo::client::{parse_pod_key, OutputFormat as PodInfoOutput};
 use crate::status::flagz;
 
 pub const DEFAULT_LOCALNET_BIND_ADDRESS: &str = "127.0.0.1:12345";
@@ -111,6 +113,15 @@ pub struct DaemonFlags {
     #[arg(long, value_name = "PATH", default_value = DEFAULT_PODINFO_SOCKET)]
     pub podinfo_socket: String,
 
+    /// PodInfo API calls per second per client (token bucket refill).
+    #[arg(long, value_name = "QPS", default_value_t = 100.0, value_parser = positive_float)]
+    #[serde(serialize_with = "go_float")]
+    pub podinfo_qps: f64,
+
+    /// PodInfo API calls a client may make at once (token bucket size).
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub podinfo_burst: u32,
+
     /// bpffs directory for pinned maps and links.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_BPFFS_ROOT)]
     pub bpffs_root: PathBuf,
@@ -148,6 +159,11 @@ pub enum Command {
     Dump(DumpArgs),
     /// Remove everything the daemon left on the node.
     Cleanup(CleanupArgs),
+    /// Clients of the PodInfo API.
+    Podinfo {
+        #[command(subcommand)]
+        command: PodInfoCommand,
+    },
     /// Print version information.
     Version,
 }
@@ -196,6 +212,12 @@ pub struct CleanupArgs {
     #[arg(long, value_name = "DIR", default_value = DEFAULT_BPFFS_ROOT)]
     pub bpffs_root: PathBuf,
 
+    /// cgroup v2 directory the daemon attached to: after removing the
+    /// links, report programs still attached there (a running daemon
+    /// holding them). Empty = do not check.
+    #[arg(long, value_name = "DIR", default_value = "")]
+    pub cgroup_path: PathBuf,
+
     /// localnet socket to remove if no daemon listens on it.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_LOCALNET_SOCKET)]
     pub localnet_socket: PathBuf,
@@ -203,6 +225,54 @@ pub struct CleanupArgs {
     /// PodInfo socket to remove if no daemon listens on it.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_PODINFO_SOCKET)]
     pub podinfo_socket: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PodInfoCommand {
+    /// Print the pods of this node with their conditions.
+    List(PodInfoArgs),
+    /// Print one pod, by NAMESPACE/NAME or --uid.
+    Get(PodInfoGetArgs),
+    /// Print the pod list, then again after every change.
+    Watch(PodInfoArgs),
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct PodInfoArgs {
+    /// PodInfo API socket.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_PODINFO_SOCKET)]
+    pub socket: PathBuf,
+
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = PodInfoOutput::Text)]
+    pub output: PodInfoOutput,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct PodInfoGetArgs {
+    /// The pod.
+    #[arg(value_name = "NAMESPACE/NAME", value_parser = parse_pod_key, required_unless_present = "uid")]
+    pub pod: Option<ObjectKey>,
+
+    /// The pod's UID; with NAMESPACE/NAME, both must match.
+    #[arg(long, value_name = "UID")]
+    pub uid: Option<String>,
+
+    #[command(flatten)]
+    pub client: PodInfoArgs,
+}
+
+/// A rate: finite and greater than 0.
+fn positive_float(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a number greater than 0")),
+    }
+}
+
+/// A float flag as Go's pflag shows it on /flagz (`100`, `0.5`).
+fn go_float<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&v.to_string())
 }
 
 #[cfg(test)]
@@ -227,5 +297,24 @@ mod tests {
     fn bad_enum_value_names_the_flag() {
         let err = Cli::try_parse_from(["ebpf-kube-proxy", "--proxy-mode", "ipvs"]).unwrap_err();
         assert!(err.to_string().contains("--proxy-mode"), "{err}");
+    }
+
+    #[test]
+    fn podinfo_rate_flags_show_on_flagz_as_go_prints_them() {
+        let flag = |args: &[&str], name: &str| {
+            let cli = Cli::try_parse_from(args).unwrap();
+            flagz::collect(&cli.daemon)
+                .into_iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v)
+        };
+        let defaults = ["ebpf-kube-proxy"];
+        assert_eq!(flag(&defaults, "podinfo-qps").as_deref(), Some("100"));
+        assert_eq!(flag(&defaults, "podinfo-burst").as_deref(), Some("10"));
+        let half = ["ebpf-kube-proxy", "--podinfo-qps", "0.5"];
+        assert_eq!(flag(&half, "podinfo-qps").as_deref(), Some("0.5"));
+        for bad in ["0", "-1", "NaN", "inf"] {
+            assert!(Cli::try_parse_from(["ebpf-kube-proxy", "--podinfo-qps", bad]).is_err());
+        }
     }
 }

@@ -118,6 +118,16 @@ pub async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
             report.maps.join(" ")
         );
     }
+    if !args.cgroup_path.as_os_str().is_empty() {
+        let left = ebpf::loader::attached_programs(&args.cgroup_path).context("cleanup")?;
+        if left > 0 {
+            anyhow::bail!(
+                "cleanup: {left} programs are still attached to {} (is a daemon still running?)",
+                args.cgroup_path.display()
+            );
+        }
+        println!("{}: no programs attached", args.cgroup_path.display());
+    }
     for path in [&args.localnet_socket, &args.podinfo_socket] {
         remove_stale_socket(path).await?;
     }

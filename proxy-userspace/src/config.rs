@@ -286,6 +286,27 @@ mod tests {
     }
 
     #[test]
+    fn empty_status_addresses_disable_the_servers() {
+        let file = ["--source", "file", "--manifests", "/m"];
+        let c = parse(&file).unwrap();
+        assert_eq!(
+            c.metrics_bind_address,
+            Some("127.0.0.1:10249".parse().unwrap())
+        );
+        assert_eq!(
+            c.healthz_bind_address,
+            Some("0.0.0.0:10256".parse().unwrap())
+        );
+        let mut args = file.to_vec();
+        args.extend(["--metrics-bind-address", "", "--healthz-bind-address", ""]);
+        let c = parse(&args).unwrap();
+        assert_eq!(
+            (c.metrics_bind_address, c.healthz_bind_address),
+            (None, None)
+        );
+    }
+
+    #[test]
     fn go_durations_parse() {
         assert_eq!(parse_duration("1m0s"), Ok(Duration::from_secs(60)));
         assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));

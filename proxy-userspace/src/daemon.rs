@@ -13,6 +13,7 @@ use crate::config::{Config, SourceConfig};
 use crate::datapath::{Datapath, DatapathChoice, DatapathConfig};
 use crate::localnet::server::{new_instance_id, Listeners, LocalnetService};
 use crate::model::{IpFamily, LocalState, NodeContext};
+use crate::podinfo::{PodInfoApi, PodInfoError, PodInfoListener, PodInfoMetrics, RateLimit};
 use crate::sources::{self, file};
 use crate::status::{Status, StatusOptions, StatusServers};
 use crate::sync::{self, SnapshotReceiver};
@@ -39,7 +40,7 @@ enum Source {
     Kube(kube::Client),
 }
 
-pub async fn run(config: Config) -> anyhow::Result<()> {
+pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -73,9 +74,29 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         flags: config.flagz.clone(),
     })?);
     status.set_localnet_listening(true);
+    if datapath_choice.fallback_reason.is_some() {
+        // `auto` tries eBPF first. The choice carries its reason as prose
+        // only, so the metric's reason class is `other` for now.
+        status.datapath_fallback(
+            crate::datapath::ProxyMode::Ebpf,
+            datapath_choice.mode,
+            "other",
+        );
+    }
+
+    // Bound before anything is served, so a bad --podinfo-socket fails
+    // start-up; its families join /metrics only when it is enabled.
+    let podinfo = match config.podinfo_socket.as_deref() {
+        Some(path) => Some((
+            PodInfoListener::bind(path)?,
+            PodInfoMetrics::register(status.metrics().registry()).map_err(PodInfoError::from)?,
+        )),
+        None => None,
+    };
 
     let (source_tx, source_rx) = sources::channel();
     let (snapshot_tx, snapshot_rx) = sync::snapshot_channel();
+    let (pods_tx, pods_rx) = sync::pod_snapshot_channel();
     let node = NodeContext {
         node_name: config.node_name.clone(),
         synthesize_hints: matches!(config.source, SourceConfig::File { .. }),
@@ -84,7 +105,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .name("syncer".to_owned())
         .spawn({
             let status = status.clone();
-            move || sync::run(source_rx, node, snapshot_tx, status)
+            move || sync::run(source_rx, node, snapshot_tx, pods_tx, status)
         })
         .context("starting the syncer thread")?;
 
@@ -130,6 +151,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             served.map_err(Into::into)
         });
     }
+    if let Some((listener, metrics)) = podinfo {
+        let api = PodInfoApi::new(pods_rx, podinfo_limit, metrics, shutdown.clone());
+        let cancel = shutdown.clone();
+        tasks.spawn(async move { listener.serve(api, cancel).await.map_err(Into::into) });
+    }
     {
         let cancel = shutdown.clone();
         let status = status.clone();
@@ -143,14 +169,25 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let mut result = Ok(());
     let mut signalled = true;
-    tokio::select! {
-        _ = sigterm.recv() => tracing::info!("SIGTERM received, shutting down"),
-        _ = sigint.recv() => tracing::info!("SIGINT received, shutting down"),
-        Some(done) = tasks.join_next() => {
-            signalled = false;
-            result = flatten(done);
-            if let Err(e) = &result {
-                tracing::error!(error = format!("{e:#}"), "a component failed, shutting down");
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => {
+                tracing::info!("SIGTERM received, shutting down");
+                break;
+            }
+            _ = sigint.recv() => {
+                tracing::info!("SIGINT received, shutting down");
+                break;
+            }
+            // A component that ends cleanly (e.g. a listener disabled with
+            // an empty address) is no reason to stop; a failing one is.
+            Some(done) = tasks.join_next() => {
+                if let Err(e) = flatten(done) {
+                    tracing::error!(error = format!("{e:#}"), "a component failed, shutting down");
+                    signalled = false;
+                    result = Err(e);
+                    break;
+                }
             }
         }
     }

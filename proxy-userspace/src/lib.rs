@@ -1,7 +1,8 @@
 //! ebpf-kube-proxy: a kube-proxy replacement.
 //!
 //! Data flows one way: [`sources`] → [`model`] (pure) → [`sync`] publishes
-//! snapshots → consumers ([`localnet`] gRPC API, [`datapath`], [`status`]).
+//! snapshots → consumers ([`localnet`] gRPC API, [`podinfo`] gRPC API,
+//! [`datapath`], [`status`]).
 
 pub mod cli;
 pub mod commands;
@@ -12,6 +13,7 @@ pub mod datapath;
 pub mod localnet;
 pub mod model;
 pub mod net;
+pub mod podinfo;
 pub mod sources;
 pub mod status;
 pub mod sync;

@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches};
 use ebpf_kube_proxy::cli::{Cli, Command, LocalnetCommand};
 use ebpf_kube_proxy::config::Config;
-use ebpf_kube_proxy::{commands, config_file, daemon};
+use ebpf_kube_proxy::{commands, config_file, daemon, podinfo};
 use tracing_subscriber::EnvFilter;
 
 fn init_logging(verbosity: u8) {
@@ -50,13 +50,20 @@ fn main() -> std::process::ExitCode {
                 };
                 config_file::merge(&mut cli.daemon, from_command_line)?;
                 let config = Config::from_flags(&cli.daemon).context("invalid configuration")?;
-                daemon::run(config).await
+                let podinfo_limit = podinfo::RateLimit {
+                    qps: cli.daemon.podinfo_qps,
+                    burst: cli.daemon.podinfo_burst,
+                };
+                daemon::run(config, podinfo_limit).await
             }
             Some(Command::Localnet {
                 command: LocalnetCommand::Watch(args),
             }) => commands::localnet_watch(args).await,
             Some(Command::Dump(args)) => commands::dump(args).await,
             Some(Command::Cleanup(args)) => commands::cleanup(args).await,
+            Some(Command::Podinfo { command }) => {
+                podinfo::client::run(command).await.context("podinfo")
+            }
             Some(Command::Version) => {
                 println!("{}", commands::version_line());
                 Ok(())

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::model::{compute, ClusterState, LocalState, NodeContext};
+use crate::model::{compute, ClusterState, LocalState, NodeContext, Pod};
 use crate::sources::{SourceMessage, SourceReceiver};
 use crate::status::{node_eligible, ChangeBatch, ChangeNote, Status};
 
@@ -34,11 +34,60 @@ pub fn snapshot_channel() -> (SnapshotSender, SnapshotReceiver) {
     watch::channel(Arc::new(Snapshot::default()))
 }
 
+/// The pods bound to this node as the PodInfo API serves them (SPEC §7),
+/// sorted by (namespace, name). `revision` moves only when one of them is
+/// added, removed or changed; nothing is published before the source has
+/// synced.
+#[derive(Debug, Default)]
+pub struct PodSnapshot {
+    pub synced: bool,
+    pub revision: u64,
+    pub pods: Arc<Vec<Pod>>,
+}
+
+pub type PodSnapshotSender = watch::Sender<Arc<PodSnapshot>>;
+pub type PodSnapshotReceiver = watch::Receiver<Arc<PodSnapshot>>;
+
+/// A channel whose initial value is the unsynced pod snapshot.
+pub fn pod_snapshot_channel() -> (PodSnapshotSender, PodSnapshotReceiver) {
+    watch::channel(Arc::new(PodSnapshot::default()))
+}
+
+/// Publishes this node's pods when they differ from the last published
+/// ones. The model `Pod` holds only what PodInfo shows, so equality is
+/// exactly "the PodInfo content changed".
+fn publish_pods(cluster: &ClusterState, node_name: &str, out: &PodSnapshotSender) {
+    let local = || {
+        cluster
+            .pods
+            .values()
+            .filter(|p| p.node_name.as_deref() == Some(node_name))
+    };
+    let current = out.borrow().clone();
+    if current.synced && current.pods.iter().eq(local()) {
+        return;
+    }
+    let revision = current.revision + 1;
+    let pods: Vec<Pod> = local().cloned().collect();
+    tracing::debug!(revision, pods = pods.len(), "new pod list");
+    out.send_replace(Arc::new(PodSnapshot {
+        synced: true,
+        revision,
+        pods: Arc::new(pods),
+    }));
+}
+
 /// Applies every message from `rx` until the source hangs up. Bursts are
 /// coalesced: all queued messages are applied before one recompute.
 /// Runs on its own thread because `compute` is CPU-bound. Reports queued
 /// changes, computed revisions and the source's progress to `status`.
-pub fn run(mut rx: SourceReceiver, node: NodeContext, out: SnapshotSender, status: Arc<Status>) {
+pub fn run(
+    mut rx: SourceReceiver,
+    node: NodeContext,
+    out: SnapshotSender,
+    pods_out: PodSnapshotSender,
+    status: Arc<Status>,
+) {
     let mut cluster = ClusterState::default();
     let mut synced = false;
     let mut rev = 0u64;
@@ -76,6 +125,9 @@ pub fn run(mut rx: SourceReceiver, node: NodeContext, out: SnapshotSender, statu
         if dirty {
             status.changes_queued(queued);
             status.set_node_eligible(node_eligible(cluster.nodes.get(&node.node_name)));
+        }
+        if synced && dirty {
+            publish_pods(&cluster, &node.node_name, &pods_out);
         }
         if !synced || !dirty {
             continue;

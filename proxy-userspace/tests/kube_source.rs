@@ -136,15 +136,17 @@ async fn a_dropped_watch_and_410_gone_relist_without_partial_state() {
         .unwrap()
         .into_inner();
 
-    // A plain drop: watches resume. Then history compaction: 410 → relist,
-    // during which one service is deleted and one added.
+    // A plain drop: watches resume from their resource version.
     api.drop_watches();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    api.compact();
+    // While no watch is open, one service is deleted and one added, and the
+    // history is compacted: the watches come back to 410 Gone and relist;
+    // the relist must be applied whole (never 19 services in between).
+    api.set_down(true);
     api.delete("Service", "default", "svc-00");
     api.apply(service("default", "svc-new", "10.96.1.1"));
     api.compact();
-    api.drop_watches();
+    api.set_down(false);
 
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut seen_new = false;

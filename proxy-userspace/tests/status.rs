@@ -442,6 +442,26 @@ fn flagz_shows_every_flag_once_with_its_effective_value_and_hides_secrets() {
 }
 
 #[test]
+fn flagz_shows_config_file_values_and_command_line_overrides() {
+    let dir = manifests_dir(&[("a.yaml", &web())]);
+    let config = dir.path().join("kube-proxy.conf");
+    std::fs::write(
+        &config,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+         clusterCIDR: 10.244.0.0/16\nsyncPeriod: 45s\nnodePortAddresses: [10.0.0.0/8]\n",
+    )
+    .unwrap();
+    let config_arg = config.display().to_string();
+    let d = Daemon::start_in(dir, &["--config", &config_arg, "--sync-period", "2m"]);
+    let flags = parse_flagz(&get(d.metrics, "/flagz").text());
+    let value = |n: &str| flags.iter().find(|(k, _)| k == n).unwrap().1.as_str();
+    assert_eq!(value("cluster-cidr"), "10.244.0.0/16", "from the file");
+    assert_eq!(value("nodeport-addresses"), "[10.0.0.0/8]", "from the file");
+    assert_eq!(value("sync-period"), "2m0s", "the command line wins");
+    assert_eq!(value("config"), config_arg);
+}
+
+#[test]
 fn flagz_refuses_bare_json_and_the_statusz_kind() {
     let d = start_web(&[]);
     for accept in [

@@ -43,13 +43,32 @@ fn main() -> Result<()> {
 
 fn e2e_command(root: &Path, args: &[String]) -> Result<()> {
     let opts = e2e::parse_args(args)?;
+    e2e_suite(root, &opts)
+}
+
+/// Builds what the suite runs (the eBPF object first, so the daemon embeds
+/// it), runs it and prints the closing `N passed, N failed` line.
+fn e2e_suite(root: &Path, opts: &e2e::Options) -> Result<()> {
+    if opts.proxy_mode == "ebpf" || opts.proxy_mode == "auto" {
+        ebpf::build(root, true)?;
+    }
     run(cargo().args(["build", "--bin", "ebpf-kube-proxy"]))?;
-    let (passed, failed) = e2e::run(root, &opts)?;
+    let (passed, failed) = e2e::run(root, opts)?;
     println!("{passed} passed, {failed} failed");
     if failed > 0 {
         bail!("{failed} e2e scenario(s) failed");
     }
     Ok(())
+}
+
+/// Datapaths the e2e suite covers in `cargo xtask test`.
+const E2E_PROXY_MODES: &[&str] = &["ebpf"];
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
 fn workspace_root() -> PathBuf {
@@ -118,6 +137,19 @@ fn test(root: &Path) -> Result<()> {
         "warnings",
     ]))?;
     run(cargo().args(["test", "--workspace", "--no-fail-fast"]))?;
+    if !is_root() {
+        println!("e2e suite skipped: it needs root (network namespaces, cgroups, eBPF)");
+        return Ok(());
+    }
+    for mode in E2E_PROXY_MODES {
+        e2e_suite(
+            root,
+            &e2e::Options {
+                proxy_mode: (*mode).to_owned(),
+                filter: None,
+            },
+        )?;
+    }
     Ok(())
 }
 

@@ -14,7 +14,7 @@ pub mod none;
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::model::LocalState;
+use crate::model::{LocalState, ObjectKey, ServiceEndpoints};
 
 /// Which datapath runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -73,6 +73,8 @@ pub struct DatapathChoice {
     pub requested: ProxyMode,
     /// Why `mode` differs from `requested` (auto's fallback).
     pub fallback_reason: Option<String>,
+    /// The cause's class for metrics labels (see [`ebpf::EbpfError::class`]).
+    pub fallback_class: Option<&'static str>,
 }
 
 /// What the datapaths need from the configuration.
@@ -94,10 +96,11 @@ pub fn select(
         bpffs_root: config.bpffs_root.clone(),
         cgroup_path: config.cgroup_path.clone(),
     };
-    let choice = |mode, fallback_reason| DatapathChoice {
+    let choice = |mode, fallback: Option<&ebpf::EbpfError>| DatapathChoice {
         mode,
         requested: config.mode,
-        fallback_reason,
+        fallback_reason: fallback.map(|e| format!("eBPF datapath unavailable: {e}")),
+        fallback_class: fallback.map(ebpf::EbpfError::class),
     };
     match config.mode {
         ProxyMode::Ebpf => {
@@ -107,11 +110,10 @@ pub fn select(
         ProxyMode::Auto => match ebpf::EbpfDatapath::open(&ebpf_config) {
             Ok(dp) => Ok((Box::new(dp), choice(ProxyMode::Ebpf, None))),
             Err(e) => {
-                let reason = format!("eBPF datapath unavailable: {e}");
-                tracing::warn!(reason = %reason, "proxy-mode auto: running with proxy-mode none (state is published, nothing is programmed; no nftables datapath in this build)");
+                tracing::warn!(reason = %e, class = e.class(), "proxy-mode auto: eBPF datapath unavailable, running with proxy-mode none (state is published, nothing is programmed; no nftables datapath in this build)");
                 Ok((
                     Box::new(none::NoneDatapath),
-                    choice(ProxyMode::None, Some(reason)),
+                    choice(ProxyMode::None, Some(&e)),
                 ))
             }
         },
@@ -126,33 +128,45 @@ pub fn select(
 /// Number of services whose content differs between two sorted states.
 pub fn changed_services(prev: &LocalState, next: &LocalState) -> usize {
     let mut changed = 0;
+    for_each_changed(prev, next, |_, _| changed += 1);
+    changed
+}
+
+/// Calls `f(key, next_version)` for every service that differs between two
+/// sorted states (`None`: the service is gone).
+pub fn for_each_changed<'a>(
+    prev: &'a LocalState,
+    next: &'a LocalState,
+    mut f: impl FnMut(&'a ObjectKey, Option<&'a ServiceEndpoints>),
+) {
+    use std::cmp::Ordering;
     let (mut a, mut b) = (
         prev.services.iter().peekable(),
         next.services.iter().peekable(),
     );
     loop {
         match (a.peek(), b.peek()) {
-            (None, None) => return changed,
-            (Some(_), None) => {
-                changed += 1;
+            (None, None) => return,
+            (Some(x), None) => {
+                f(&x.service.key, None);
                 a.next();
             }
-            (None, Some(_)) => {
-                changed += 1;
+            (None, Some(y)) => {
+                f(&y.service.key, Some(y));
                 b.next();
             }
             (Some(x), Some(y)) => match x.service.key.cmp(&y.service.key) {
-                std::cmp::Ordering::Less => {
-                    changed += 1;
+                Ordering::Less => {
+                    f(&x.service.key, None);
                     a.next();
                 }
-                std::cmp::Ordering::Greater => {
-                    changed += 1;
+                Ordering::Greater => {
+                    f(&y.service.key, Some(y));
                     b.next();
                 }
-                std::cmp::Ordering::Equal => {
+                Ordering::Equal => {
                     if x != y {
-                        changed += 1;
+                        f(&y.service.key, Some(y));
                     }
                     a.next();
                     b.next();

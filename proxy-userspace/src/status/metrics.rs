@@ -44,6 +44,7 @@ pub struct Metrics {
 
     pub build_info: IntGaugeVec,
     pub datapath_mode: IntGaugeVec,
+    pub datapath_fallbacks: IntCounterVec,
     pub datapath_apply_errors: IntCounterVec,
     pub localstate_revision: IntGauge,
     pub localstate_services: IntGauge,
@@ -220,6 +221,18 @@ impl Metrics {
                 &["mode", "requested"],
             )?,
         )?;
+        let datapath_fallbacks = register(
+            r,
+            IntCounterVec::new(
+                Opts::new(
+                    "ebpf_kube_proxy_datapath_fallbacks_total",
+                    alpha(
+                        "Times --proxy-mode auto fell back from one datapath to another, by reason",
+                    ),
+                ),
+                &["from", "to", "reason"],
+            )?,
+        )?;
         let datapath_apply_errors = register(
             r,
             IntCounterVec::new(
@@ -295,6 +308,7 @@ impl Metrics {
             healthchecks_total,
             build_info,
             datapath_mode,
+            datapath_fallbacks,
             datapath_apply_errors,
             localstate_revision,
             localstate_services,
@@ -302,6 +316,12 @@ impl Metrics {
             source_synced,
             source_errors,
         })
+    }
+
+    /// The `/metrics` registry, for components that own their families
+    /// (the PodInfo server registers its `pod_info_*` families here).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// `/metrics`.

@@ -316,6 +316,15 @@ impl Status {
         }
     }
 
+    /// `auto` fell back from `from` to `to`; `reason` is one of `no_btf`,
+    /// `no_cgroup2`, `verifier`, `permission`, `other`.
+    pub fn datapath_fallback(&self, from: ProxyMode, to: ProxyMode, reason: &str) {
+        self.metrics
+            .datapath_fallbacks
+            .with_label_values(&[from.as_str(), to.as_str(), reason])
+            .inc();
+    }
+
     pub fn datapath_apply_failed(&self) {
         self.metrics
             .datapath_apply_errors

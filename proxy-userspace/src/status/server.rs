@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::checks::{self, HealthEndpoint, Outcome};
 use super::health::ProxyEndpoint;
 use super::metrics::TEXT_CONTENT_TYPE;
-use super::negotiate::{negotiate, Format};
+use super::negotiate::{negotiate, Format, Structured, Version};
 use super::zpages::{self, Page, StatuszInfo};
 use super::Status;
 
@@ -332,13 +332,13 @@ fn accept(headers: &HeaderMap) -> Option<String> {
     (!values.is_empty()).then(|| values.join(","))
 }
 
-/// Negotiates and renders a z-page; `text` and `structured` render it.
+/// Negotiates and answers a z-page with `text_body` or `structured`.
 fn zpage(
     page: Page,
     method: &Method,
     headers: &HeaderMap,
     text_body: impl FnOnce() -> String,
-    structured: impl FnOnce(super::negotiate::Structured, super::negotiate::Version) -> String,
+    structured: impl FnOnce(Structured, Version) -> String,
 ) -> Response {
     if let Some(r) = method_not_allowed(method) {
         return r;

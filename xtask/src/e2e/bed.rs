@@ -50,6 +50,8 @@ pub struct Bed {
     daemon: Option<Child>,
     netns: Vec<String>,
     daemon_starts: u32,
+    /// Set: the daemon runs on the kube source with this kubeconfig.
+    pub kubeconfig: Option<PathBuf>,
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
@@ -110,6 +112,7 @@ impl Bed {
             daemon: None,
             netns: Vec::new(),
             daemon_starts: 0,
+            kubeconfig: None,
             prefix,
         };
         bed.build().context("building the test bed")?;
@@ -283,12 +286,25 @@ impl Bed {
         self.daemon_starts += 1;
         let log =
             std::fs::File::create(self.dir.join(format!("daemon-{}.log", self.daemon_starts)))?;
+        let source_args: Vec<std::ffi::OsString> = match &self.kubeconfig {
+            Some(k) => vec![
+                "--source".into(),
+                "kube".into(),
+                "--kubeconfig".into(),
+                k.into(),
+            ],
+            None => vec![
+                "--source".into(),
+                "file".into(),
+                "--manifests".into(),
+                self.dir.join("manifests").into(),
+            ],
+        };
         let child = Command::new(&self.daemon_bin)
-            .args(["--source", "file", "--hostname-override", "node-1"])
+            .args(["--hostname-override", "node-1"])
             .arg("--proxy-mode")
             .arg(&self.proxy_mode)
-            .arg("--manifests")
-            .arg(self.dir.join("manifests"))
+            .args(source_args)
             .arg("--cgroup-path")
             .arg(&self.cgroup)
             .arg("--bpffs-root")

@@ -57,6 +57,10 @@ pub fn all() -> Vec<Scenario> {
             run: restart,
         },
         Scenario {
+            name: "kube-source-drives-the-datapath",
+            run: kube_source,
+        },
+        Scenario {
             name: "cleanup-leaves-nothing-behind",
             run: cleanup,
         },
@@ -579,6 +583,60 @@ fn restart(bed: &mut Bed) -> Result<()> {
         r.errors.first()
     );
     Ok(())
+}
+
+/// The datapath programmed from the kube source: objects served by the
+/// fake API server over real list/watch.
+fn kube_source(bed: &mut Bed) -> Result<()> {
+    use serde_json::json;
+    bed.stop_daemon()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let api = rt.block_on(super::fake_apiserver::FakeApiServer::start());
+    let kubeconfig = bed.dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let pod_ips: Vec<String> = bed.pods.iter().map(|p| p.ipv4.clone()).collect();
+    let endpoints = |n: usize| -> Vec<serde_json::Value> {
+        pod_ips[..n]
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| json!({"addresses": [ip], "nodeName": format!("node-{}", i + 1), "conditions": {"ready": true}}))
+            .collect()
+    };
+    let slice = |n: usize| {
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": "kweb-1", "namespace": "e2e", "labels": {"kubernetes.io/service-name": "kweb"}},
+               "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+               "endpoints": endpoints(n)})
+    };
+    api.apply(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "kweb", "namespace": "e2e"},
+                     "spec": {"clusterIP": "10.96.0.60", "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}));
+    api.apply(slice(3));
+    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"}}));
+    bed.kubeconfig = Some(kubeconfig);
+    let result = (|| -> Result<()> {
+        bed.start_daemon()?;
+        wait_until_served(bed, "tcp", "10.96.0.60:80", Duration::from_secs(5))?;
+        let r = request(bed, "tcp", "10.96.0.60:80", 150)?;
+        assert_spread(&r, 150, &["pod1", "pod2", "pod3"], 0.15)?;
+        // An endpoint removed through the API server stops receiving.
+        api.apply(slice(2));
+        std::thread::sleep(Duration::from_secs(1));
+        let r = request(bed, "tcp", "10.96.0.60:80", 60)?;
+        ensure!(r.errors.is_empty(), "{:?}", r.errors.first());
+        ensure!(
+            !r.pods().contains_key("pod3"),
+            "removed endpoint still reached: {:?}",
+            r.pods()
+        );
+        Ok(())
+    })();
+    let _ = bed.stop_daemon();
+    bed.kubeconfig = None;
+    api.stop();
+    result
 }
 
 fn cleanup(bed: &mut Bed) -> Result<()> {

@@ -220,7 +220,7 @@ pub fn resolve_cgroup(config: &EbpfConfig, mounts: &[Mount]) -> Result<PathBuf, 
         }
         Some(m) if m.fs_type == "cgroup2" => Ok(path),
         Some(m) => Err(bad(format!(
-            "on a {} filesystem, not cgroup2{}",
+            "its filesystem is {}, not cgroup2{}",
             m.fs_type,
             cgroup2_root(mounts)
                 .map(|r| format!(" (the cgroup v2 root is {})", r.display()))
@@ -438,7 +438,8 @@ pub fn load_and_attach(object: &[u8], config: &EbpfConfig) -> Result<Attached, E
                 ),
             })?;
         let pin = links_dir.join(name);
-        let fresh = links_dir.join(format!("{name}.new"));
+        // bpffs refuses names with a dot (EPERM): "_new", not ".new".
+        let fresh = links_dir.join(format!("{name}_new"));
         remove_if_exists(&fresh)?;
         // Dropping the PinnedLink closes our fd; the pin keeps it attached.
         drop(link.pin(&fresh).map_err(|e| EbpfError::Pin {
@@ -537,6 +538,67 @@ pub fn cleanup(bpffs_root: &Path) -> Result<CleanupReport, EbpfError> {
     Ok(report)
 }
 
+/// `bpf_attach_type` values of the hooks in [`PROGRAMS`]' order
+/// (`BPF_CGROUP_INET4_CONNECT` … `BPF_CGROUP_INET6_GETPEERNAME`, UAPI).
+const HOOK_ATTACH_TYPES: [u32; 8] = [10, 11, 14, 15, 19, 20, 29, 30];
+const BPF_PROG_QUERY: libc::c_long = 16;
+
+/// The `query` member of `union bpf_attr` (BPF_PROG_QUERY).
+#[repr(C)]
+#[derive(Default)]
+struct ProgQueryAttr {
+    target_fd: u32,
+    attach_type: u32,
+    query_flags: u32,
+    attach_flags: u32,
+    prog_ids: u64,
+    prog_cnt: u32,
+    _pad: u32,
+    prog_attach_flags: u64,
+    link_ids: u64,
+    link_attach_flags: u64,
+    revision: u64,
+}
+
+/// How many programs are attached directly to `cgroup` on the hooks this
+/// datapath uses (anyone's, not only ours).
+pub fn attached_programs(cgroup: &Path) -> Result<u32, EbpfError> {
+    use std::os::fd::AsRawFd;
+    let err = |reason: String| EbpfError::CgroupPath {
+        path: cgroup.to_path_buf(),
+        reason,
+    };
+    let dir = File::open(cgroup).map_err(|e| err(format!("opening: {e}")))?;
+    let fd = u32::try_from(dir.as_raw_fd()).map_err(|_| err("bad fd".to_owned()))?;
+    let mut total = 0;
+    for attach_type in HOOK_ATTACH_TYPES {
+        let mut attr = ProgQueryAttr {
+            target_fd: fd,
+            attach_type,
+            ..ProgQueryAttr::default()
+        };
+        // SAFETY: `attr` is a valid, writable BPF_PROG_QUERY attribute of
+        // the size passed; with prog_ids = 0 the kernel only writes
+        // prog_cnt (and attach_flags/revision) into it.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_QUERY,
+                &mut attr as *mut ProgQueryAttr,
+                size_of::<ProgQueryAttr>(),
+            )
+        };
+        if rc != 0 {
+            return Err(err(format!(
+                "BPF_PROG_QUERY: {}",
+                io::Error::last_os_error()
+            )));
+        }
+        total += attr.prog_cnt;
+    }
+    Ok(total)
+}
+
 fn remove_dir_if_exists(path: &Path) -> Result<(), EbpfError> {
     match std::fs::remove_dir(path) {
         Ok(()) => Ok(()),
@@ -586,7 +648,7 @@ mod tests {
             cgroup_path: Some(PathBuf::from("/sys/fs/cgroup")),
         };
         let e = resolve_cgroup(&cfg, &m).unwrap_err().to_string();
-        assert!(e.contains("on a tmpfs filesystem, not cgroup2"), "{e}");
+        assert!(e.contains("its filesystem is tmpfs, not cgroup2"), "{e}");
         assert!(e.contains("/sys/fs/cgroup/unified"), "{e}");
         let none = parse_mountinfo("22 1 254:0 / / rw - ext4 /dev/vda rw\n");
         let default = EbpfConfig {

@@ -229,3 +229,41 @@ pub fn read_stats(root: &Path) -> Result<Vec<u64>, EbpfError> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aya::sys::SyscallError;
+
+    fn syscall(errno: i32) -> MapError {
+        MapError::SyscallError(SyscallError {
+            call: "bpf_map_update_elem",
+            io_error: std::io::Error::from_raw_os_error(errno),
+        })
+    }
+
+    #[test]
+    fn a_full_map_is_reported_by_name() {
+        let e = update_err(MAP_SERVICES, MAX_SERVICE_ENTRIES, syscall(libc::E2BIG));
+        assert!(matches!(
+            e,
+            EbpfError::MapFull {
+                map: MAP_SERVICES,
+                capacity: MAX_SERVICE_ENTRIES
+            }
+        ));
+        assert!(e.to_string().starts_with("map EKP_SERVICES is full"), "{e}");
+        let other = update_err(MAP_BACKENDS, MAX_BACKENDS, syscall(libc::EINVAL));
+        assert!(other.to_string().contains("EKP_BACKENDS"), "{other}");
+    }
+
+    #[test]
+    fn deleting_what_is_gone_is_fine() {
+        let enoent = MapError::SyscallError(SyscallError {
+            call: "bpf_map_delete_elem",
+            io_error: std::io::Error::from_raw_os_error(libc::ENOENT),
+        });
+        assert!(delete_ok(Err(enoent), MAP_SERVICES).is_ok());
+        assert!(delete_ok(Err(syscall(libc::EPERM)), MAP_SERVICES).is_err());
+    }
+}

@@ -26,9 +26,9 @@ pub mod plan;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::model::{LocalState, ObjectKey, ServiceEndpoints};
+use crate::model::{LocalState, ObjectKey};
 
-use super::{ApplyStats, Datapath, DatapathError, ProxyMode};
+use super::{for_each_changed, ApplyStats, Datapath, DatapathError, ProxyMode};
 use maps::KernelMaps;
 use plan::{Change, DesiredService, PlanProblem, Programmed, Vip};
 
@@ -104,6 +104,20 @@ pub enum EbpfError {
     TooManyBackends { vip: Vip, count: usize, max: u16 },
     #[error("no pinned maps under {} (is the eBPF datapath running? see --bpffs-root)", .0.display())]
     NotPinned(PathBuf),
+}
+
+impl EbpfError {
+    /// A short class of the cause for metrics labels: `no_btf`,
+    /// `no_cgroup2`, `verifier`, `permission` or `other`.
+    pub fn class(&self) -> &'static str {
+        match self {
+            EbpfError::NoBtf => "no_btf",
+            EbpfError::NoCgroup2 | EbpfError::CgroupPath { .. } => "no_cgroup2",
+            EbpfError::Verifier { .. } => "verifier",
+            EbpfError::Capabilities { .. } => "permission",
+            _ => "other",
+        }
+    }
 }
 
 impl From<EbpfError> for DatapathError {
@@ -235,9 +249,13 @@ impl EbpfDatapath {
                 }
             }
         }
+        if conflict {
+            // Two services claim one address: only the whole state says
+            // which one wins (the first in LocalState order).
+            return self.reconcile_all(next);
+        }
         let result = self.apply_changes(changes)?;
-        // Resolve address conflicts in LocalState order next time.
-        self.full_next = conflict;
+        self.full_next = false;
         Ok(result)
     }
 
@@ -246,50 +264,6 @@ impl EbpfDatapath {
         let vips = self.owned.entry(d.owner.clone()).or_default();
         if !vips.contains(&d.vip) {
             vips.push(d.vip);
-        }
-    }
-}
-
-/// Calls `f(key, next_version)` for every service that differs between two
-/// sorted states (`None`: removed).
-fn for_each_changed<'a>(
-    prev: &'a LocalState,
-    next: &'a LocalState,
-    mut f: impl FnMut(&'a ObjectKey, Option<&'a ServiceEndpoints>),
-) {
-    use std::cmp::Ordering;
-    let (mut a, mut b) = (
-        prev.services.iter().peekable(),
-        next.services.iter().peekable(),
-    );
-    loop {
-        match (a.peek(), b.peek()) {
-            (None, None) => return,
-            (Some(x), None) => {
-                f(&x.service.key, None);
-                a.next();
-            }
-            (None, Some(y)) => {
-                f(&y.service.key, Some(y));
-                b.next();
-            }
-            (Some(x), Some(y)) => match x.service.key.cmp(&y.service.key) {
-                Ordering::Less => {
-                    f(&x.service.key, None);
-                    a.next();
-                }
-                Ordering::Greater => {
-                    f(&y.service.key, Some(y));
-                    b.next();
-                }
-                Ordering::Equal => {
-                    if x != y {
-                        f(&y.service.key, Some(y));
-                    }
-                    a.next();
-                    b.next();
-                }
-            },
         }
     }
 }

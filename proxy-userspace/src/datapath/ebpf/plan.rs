@@ -556,7 +556,21 @@ pub fn plan<'a>(view: &Programmed, changes: impl IntoIterator<Item = Change<'a>>
     };
     let mut new_backends: HashMap<BackendAddr, u32> = HashMap::new();
     let mut plan = Plan::default();
+    // One change per VIP, the last one given: every VIP is planned against
+    // the view once (a Remove then an Upsert of one address, when it moves
+    // between services, is just the Upsert).
+    let mut order = Vec::new();
+    let mut last: HashMap<Vip, Change<'a>> = HashMap::new();
     for change in changes {
+        let vip = match &change {
+            Change::Upsert(d) => d.vip,
+            Change::Remove(vip) => *vip,
+        };
+        if last.insert(vip, change).is_none() {
+            order.push(vip);
+        }
+    }
+    for change in order.iter().filter_map(|vip| last.remove(vip)) {
         let before = plan.ops.len();
         match change {
             Change::Upsert(d) => plan_upsert(
@@ -1054,6 +1068,37 @@ mod tests {
         assert!(k.services.is_empty() && k.backends.is_empty());
         assert!(view.service(&d.vip).is_none());
         assert_eq!((view.service_entry_count(), view.backend_count()), (0, 0));
+    }
+
+    #[test]
+    fn an_address_moving_between_services_in_one_plan_is_rewritten_not_lost() {
+        let mut k = FakeKernel::default();
+        let mut view = Programmed::default();
+        let a = desired("10.96.0.10:80", &["10.0.0.1:80", "10.0.0.2:80"], None);
+        sync(&mut k, &mut view, vec![Change::Upsert(&a)]);
+        let b = DesiredService {
+            owner: ObjectKey::new("default", "other"),
+            ..desired("10.96.0.10:80", &["10.0.0.2:80", "10.0.0.3:80"], None)
+        };
+        let p = sync(
+            &mut k,
+            &mut view,
+            vec![Change::Remove(a.vip), Change::Upsert(&b)],
+        );
+        assert!(
+            !p.ops.contains(&Op::DeleteHeader { vip: a.vip }),
+            "{:?}",
+            p.ops
+        );
+        assert_eq!(k.resolved(&b.vip), Some(b.backends.clone()));
+        // And the other way round: upsert, then remove.
+        sync(
+            &mut k,
+            &mut view,
+            vec![Change::Upsert(&a), Change::Remove(a.vip)],
+        );
+        assert_eq!(k.resolved(&a.vip), None);
+        assert!(k.services.is_empty() && k.backends.is_empty());
     }
 
     #[test]

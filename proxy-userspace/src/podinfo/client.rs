@@ -1,0 +1,257 @@
+//! Client side of the PodInfo API: `ebpf-kube-proxy podinfo list|get|watch`
+//! over the unix socket, printed as text or in the proto3 JSON mapping.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, UNIX_EPOCH};
+
+use hyper_util::rt::TokioIo;
+use proto::podinfo::v1alpha1 as pb;
+use proto::podinfo::v1alpha1::pod_info_service_client::PodInfoServiceClient;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::cli::{PodInfoArgs, PodInfoCommand, PodInfoGetArgs};
+use crate::localnet::server::MAX_MESSAGE_BYTES;
+use crate::model::ObjectKey;
+use crate::status::format::rfc3339_seconds;
+
+/// `-o` of the podinfo commands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// One line per pod.
+    Text,
+    /// The response message in the proto3 JSON mapping, one per line.
+    Json,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// `reason` holds the whole cause chain (tonic's transport error alone
+    /// says only "transport error").
+    #[error("connecting to {}: {reason}", path.display())]
+    Connect { path: PathBuf, reason: String },
+    /// Not a `source`: code and message are the whole story, and the
+    /// status's own Display would repeat them.
+    #[error("{:?}: {}", .0.code(), .0.message())]
+    Status(tonic::Status),
+    #[error("encoding the answer: {0}")]
+    Encode(#[from] serde_json::Error),
+    #[error("writing to stdout: {0}")]
+    Write(#[from] std::io::Error),
+}
+
+impl From<tonic::Status> for ClientError {
+    fn from(s: tonic::Status) -> Self {
+        ClientError::Status(s)
+    }
+}
+
+/// `NAMESPACE/NAME` as given on the command line.
+pub fn parse_pod_key(s: &str) -> Result<ObjectKey, String> {
+    match s.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok(ObjectKey::new(ns, name))
+        }
+        _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
+    }
+}
+
+/// Opens a channel to the socket at `path`.
+pub async fn connect(path: &Path) -> Result<PodInfoServiceClient<Channel>, ClientError> {
+    let socket = path.to_owned();
+    // The URI is required by the API but unused by the connector.
+    let channel = Endpoint::from_static("http://podinfo.invalid")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(socket).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await
+        .map_err(|e| {
+            let mut reason = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                // Some layers already print their cause.
+                let text = c.to_string();
+                if !reason.ends_with(&text) {
+                    reason = format!("{reason}: {text}");
+                }
+                cause = c.source();
+            }
+            ClientError::Connect {
+                path: path.to_owned(),
+                reason,
+            }
+        })?;
+    Ok(PodInfoServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+fn time(t: &pbjson_types::Timestamp) -> String {
+    // metav1.Time has seconds precision; times before 1970 do not occur.
+    let secs = u64::try_from(t.seconds).unwrap_or_default();
+    rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+fn status_name(c: &pb::PodCondition) -> &'static str {
+    match c.status() {
+        pb::ConditionStatus::True => "True",
+        pb::ConditionStatus::False => "False",
+        pb::ConditionStatus::Unknown => "Unknown",
+        pb::ConditionStatus::Unspecified => "Unspecified",
+    }
+}
+
+/// `NS/NAME uid=U [static] [deleting=T] Type=Status(Reason)…`; the reason
+/// is shown where it explains a condition that is not True.
+pub fn pod_line(p: &pb::PodInfo) -> String {
+    let mut line = format!("{}/{} uid={}", p.pod_namespace, p.pod_name, p.pod_uid);
+    if p.static_pod {
+        line.push_str(" static");
+    }
+    if let Some(t) = &p.deletion_timestamp {
+        line.push_str(&format!(" deleting={}", time(t)));
+    }
+    for c in &p.conditions {
+        line.push_str(&format!(" {}={}", c.r#type, status_name(c)));
+        if c.status() != pb::ConditionStatus::True && !c.reason.is_empty() {
+            line.push_str(&format!("({})", c.reason));
+        }
+    }
+    line.push('\n');
+    line
+}
+
+/// A header with the revision, then one line per pod.
+pub fn list_text(revision: u64, pods: &[pb::PodInfo]) -> String {
+    let mut out = format!("# podinfo revision={revision} pods={}\n", pods.len());
+    out.extend(pods.iter().map(pod_line));
+    out
+}
+
+fn json(message: &impl serde::Serialize) -> Result<String, ClientError> {
+    Ok(serde_json::to_string(message)? + "\n")
+}
+
+fn print(text: &str) -> Result<(), ClientError> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Runs one `podinfo` subcommand.
+pub async fn run(command: PodInfoCommand) -> Result<(), ClientError> {
+    match command {
+        PodInfoCommand::List(args) => list(&args).await,
+        PodInfoCommand::Get(args) => get(&args).await,
+        PodInfoCommand::Watch(args) => watch(&args).await,
+    }
+}
+
+async fn list(args: &PodInfoArgs) -> Result<(), ClientError> {
+    let mut c = connect(&args.socket).await?;
+    let r = c
+        .list_pod_conditions(pb::ListPodConditionsRequest {})
+        .await?
+        .into_inner();
+    print(&match args.output {
+        OutputFormat::Text => list_text(r.revision, &r.pods),
+        OutputFormat::Json => json(&r)?,
+    })
+}
+
+async fn get(args: &PodInfoGetArgs) -> Result<(), ClientError> {
+    let mut c = connect(&args.client.socket).await?;
+    let (pod_namespace, pod_name) = match &args.pod {
+        Some(ObjectKey { namespace, name }) => (namespace.clone(), name.clone()),
+        None => Default::default(),
+    };
+    let r = c
+        .get_pod_conditions(pb::GetPodConditionsRequest {
+            pod_uid: args.uid.clone().unwrap_or_default(),
+            pod_namespace,
+            pod_name,
+        })
+        .await?
+        .into_inner();
+    print(&match (args.client.output, &r.pod) {
+        (OutputFormat::Text, Some(p)) => pod_line(p),
+        (OutputFormat::Text, None) => String::new(),
+        (OutputFormat::Json, _) => json(&r)?,
+    })
+}
+
+/// Prints every list until interrupted; reconnects after errors (a
+/// restarted daemon, a dropped slow stream) with backoff.
+async fn watch(args: &PodInfoArgs) -> Result<(), ClientError> {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let attempt = async {
+            let mut c = connect(&args.socket).await?;
+            let mut stream = c
+                .watch_pod_conditions(pb::WatchPodConditionsRequest {})
+                .await?
+                .into_inner();
+            while let Some(r) = stream.message().await? {
+                print(&match args.output {
+                    OutputFormat::Text => list_text(r.revision, &r.pods),
+                    OutputFormat::Json => json(&r)?,
+                })?;
+            }
+            Ok::<(), ClientError>(())
+        }
+        .await;
+        match attempt {
+            // Output errors (a closed pipe) end the command.
+            Err(e @ (ClientError::Write(_) | ClientError::Encode(_))) => return Err(e),
+            Ok(()) => tracing::warn!(retry_in = ?backoff, "podinfo watch ended by the server"),
+            Err(e) => tracing::warn!(error = %e, retry_in = ?backoff, "podinfo watch interrupted"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_keys_parse_as_namespace_slash_name() {
+        assert_eq!(parse_pod_key("ns/p"), Ok(ObjectKey::new("ns", "p")));
+        for bad in ["p", "/p", "ns/", "a/b/c"] {
+            assert!(parse_pod_key(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn text_shows_conditions_in_order_with_reasons_for_the_unhappy_ones() {
+        let cond = |t: &str, s: pb::ConditionStatus, reason: &str| pb::PodCondition {
+            r#type: t.to_owned(),
+            status: s.into(),
+            reason: reason.to_owned(),
+            ..Default::default()
+        };
+        let p = pb::PodInfo {
+            pod_uid: "u1".to_owned(),
+            pod_namespace: "kube-system".to_owned(),
+            pod_name: "etcd-n1".to_owned(),
+            static_pod: true,
+            conditions: vec![
+                cond("PodScheduled", pb::ConditionStatus::True, "Ignored"),
+                cond("Ready", pb::ConditionStatus::False, "ContainersNotReady"),
+            ],
+            deletion_timestamp: Some(pbjson_types::Timestamp {
+                seconds: 1_700_000_000,
+                nanos: 0,
+            }),
+        };
+        assert_eq!(
+            list_text(7, &[p]),
+            "# podinfo revision=7 pods=1\n\
+             kube-system/etcd-n1 uid=u1 static deleting=2023-11-14T22:13:20Z PodScheduled=True Ready=False(ContainersNotReady)\n"
+        );
+    }
+}
