@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::BufRead;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::fake_apiserver::FakeApiServer;
@@ -28,7 +28,22 @@ fn socket(d: &Daemon) -> PathBuf {
 }
 
 async fn client(d: &Daemon) -> Client {
-    connect(&socket(d)).await.unwrap()
+    client_at(d, &socket(d)).await
+}
+
+/// `Daemon` waits for the other listeners only, so wait (bounded) for the
+/// PodInfo socket at `path` to be bound too.
+async fn client_at(d: &Daemon, path: &Path) -> Client {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match connect(path).await {
+            Ok(c) => return c,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("PodInfo socket not listening: {e}; log:\n{}", d.log_text()),
+        }
+    }
 }
 
 /// A Pod manifest; `conditions` are (type, status, reason) in status order.
@@ -605,9 +620,9 @@ async fn the_socket_is_0660_replaces_a_stale_file_and_is_removed_on_exit() {
     let flag = path.display().to_string();
     let d = Daemon::start_in(dir, &["--podinfo-socket", &flag]);
 
+    let mut c = client_at(&d, &path).await;
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o660);
-    let mut c = connect(&path).await.unwrap();
     wait_synced(&mut c).await;
     let mut stream = open_watch(&mut c).await;
     next_message(&mut stream, Duration::from_secs(2)).await;

@@ -19,6 +19,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
+use crate::run;
+
 /// rustc 1.97.0-nightly, LLVM 22.1.4 (see shared/notes/EBPF-TOOLCHAIN.md).
 pub const NIGHTLY: &str = "nightly-2026-05-20";
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -50,15 +52,6 @@ pub fn object_path(root: &Path, release: bool) -> PathBuf {
         .join(TARGET)
         .join(profile)
         .join("proxy-ebpf")
-}
-
-fn run(cmd: &mut Command) -> Result<()> {
-    eprintln!("+ {cmd:?}");
-    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed: {status}");
-    }
-    Ok(())
 }
 
 fn output(cmd: &mut Command) -> Result<String> {

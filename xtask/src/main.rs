@@ -49,6 +49,10 @@ fn e2e_command(root: &Path, args: &[String]) -> Result<()> {
 /// Builds what the suite runs (the eBPF object first, so the daemon embeds
 /// it), runs it and prints the closing `N passed, N failed` line.
 fn e2e_suite(root: &Path, opts: &e2e::Options) -> Result<()> {
+    // The nftables datapath (and `auto`'s fallback to it) runs `nft`.
+    if is_root() {
+        ensure_debian_packages(&[("nft", "nftables")])?;
+    }
     if opts.proxy_mode == "ebpf" || opts.proxy_mode == "auto" {
         ebpf::build(root, true)?;
     }
@@ -124,6 +128,7 @@ fn test(root: &Path) -> Result<()> {
         ("shellcheck", "shellcheck"),
         ("ip", "iproute2"),
         ("nsenter", "util-linux"),
+        ("nft", "nftables"),
     ])?;
     // First, so that the daemon embeds the eBPF object and its kernel tests run.
     ebpf::build(root, true)?;
@@ -263,6 +268,14 @@ fn demo(root: &Path) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = std::fs::remove_dir_all(&run_dir);
+    if is_root() {
+        ebpf::build(root, true)?;
+        run(cargo().args(["build", "--bin", "ebpf-kube-proxy"]))?;
+        println!();
+        e2e::demo::traffic(root)?;
+    } else {
+        println!("\n(run as root to also see real traffic through the eBPF datapath on a network-namespace mini node)");
+    }
     println!("==> done");
     Ok(())
 }
