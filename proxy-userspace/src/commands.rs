@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::cli::{CleanupArgs, ClientArgs, DumpArgs, WatchArgs};
-use crate::datapath::ebpf;
+use crate::datapath::{ebpf, nft};
 use crate::localnet::client::{self, State};
 use crate::localnet::render::{render, OutputFormat};
 
@@ -66,7 +66,8 @@ pub async fn localnet_watch(args: WatchArgs) -> anyhow::Result<()> {
 }
 
 /// Shows what is programmed: the eBPF maps pinned under `--bpffs-root`
-/// when there are any (no daemon needed), else the LocalState the daemon
+/// when there are any (no daemon needed), else the nftables tables of this
+/// network namespace decoded per service, else the LocalState the daemon
 /// publishes (`--proxy-mode none` programs nothing).
 pub async fn dump(args: DumpArgs) -> anyhow::Result<()> {
     if ebpf::is_pinned(&args.bpffs_root) {
@@ -87,6 +88,14 @@ pub async fn dump(args: DumpArgs) -> anyhow::Result<()> {
             .and_then(|()| out.flush())
             .context("writing to stdout");
     }
+    if nft::is_programmed() {
+        let text = nft::dump_text().context("dump")?;
+        let mut out = std::io::stdout().lock();
+        return out
+            .write_all(text.as_bytes())
+            .and_then(|()| out.flush())
+            .context("writing to stdout");
+    }
     let args = args.client;
     let mut c = client::connect(&args.target).await.with_context(|| {
         format!(
@@ -101,9 +110,18 @@ pub async fn dump(args: DumpArgs) -> anyhow::Result<()> {
 
 /// Removes what a daemon left behind: the eBPF links (detaching and
 /// unloading the programs) and pinned maps under `--bpffs-root`, and the
-/// sockets when no daemon answers on them. This build creates no nftables
-/// table.
+/// sockets when no daemon answers on them, and the nftables tables
+/// `ip`/`ip6 ebpf-kube-proxy` of this network namespace.
 pub async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
+    match nft::cleanup() {
+        Ok(removed) if removed.is_empty() => println!("nftables: no ebpf-kube-proxy table"),
+        Ok(removed) => println!(
+            "nftables: removed table ebpf-kube-proxy ({})",
+            removed.join(", ")
+        ),
+        // No nft on this node: nothing of ours can be there.
+        Err(e) => println!("nftables: skipped ({e})"),
+    }
     let report = ebpf::cleanup(&args.bpffs_root).context("cleanup")?;
     if report.links.is_empty() && report.maps.is_empty() {
         println!(
@@ -119,7 +137,16 @@ pub async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
         );
     }
     if !args.cgroup_path.as_os_str().is_empty() {
-        let left = ebpf::loader::attached_programs(&args.cgroup_path).context("cleanup")?;
+        // The kernel releases a detached link asynchronously: allow it a
+        // bounded moment before calling the programs left behind.
+        let mut left = ebpf::loader::attached_programs(&args.cgroup_path).context("cleanup")?;
+        for _ in 0..50 {
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            left = ebpf::loader::attached_programs(&args.cgroup_path).context("cleanup")?;
+        }
         if left > 0 {
             anyhow::bail!(
                 "cleanup: {left} programs are still attached to {} (is a daemon still running?)",

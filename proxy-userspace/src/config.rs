@@ -106,16 +106,7 @@ impl Config {
             .map_err(|r| err("cluster-cidr", &f.cluster_cidr, r))?;
         let nodeport_addresses = parse_cidr_list(&f.nodeport_addresses)
             .map_err(|r| err("nodeport-addresses", &f.nodeport_addresses, r))?;
-        let proxy_mode = match f.proxy_mode {
-            ProxyMode::Nftables => {
-                return Err(err(
-                    "proxy-mode",
-                    f.proxy_mode.as_str(),
-                    "this datapath is not available in this build; use auto, ebpf or none",
-                ))
-            }
-            m => m,
-        };
+        let proxy_mode = f.proxy_mode;
         let source = match f.source {
             SourceKind::File => match &f.manifests {
                 Some(dir) if !dir.as_os_str().is_empty() => SourceConfig::File { dir: dir.clone() },
@@ -245,7 +236,6 @@ mod tests {
             ),
             (&["--sync-period", "10 parsecs"], "sync-period"),
             (&["--sync-period", "0s"], "sync-period"),
-            (&["--proxy-mode", "nftables"], "proxy-mode"),
         ];
         for (args, flag) in cases {
             let mut a = file.to_vec();

@@ -75,12 +75,11 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
     })?);
     status.set_localnet_listening(true);
     if datapath_choice.fallback_reason.is_some() {
-        // `auto` tries eBPF first. The choice carries its reason as prose
-        // only, so the metric's reason class is `other` for now.
+        // `auto` tries eBPF first.
         status.datapath_fallback(
             crate::datapath::ProxyMode::Ebpf,
             datapath_choice.mode,
-            "other",
+            datapath_choice.fallback_class.unwrap_or("other"),
         );
     }
 
@@ -227,6 +226,7 @@ fn select_datapath(config: &Config) -> anyhow::Result<(Box<dyn Datapath>, Datapa
         mode: config.proxy_mode,
         bpffs_root: config.bpffs_root.clone(),
         cgroup_path: config.cgroup_path.clone(),
+        cluster_cidrs: config.cluster_cidrs.clone(),
     })
     .with_context(|| format!("--proxy-mode {}", config.proxy_mode))
 }

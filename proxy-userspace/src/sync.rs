@@ -119,6 +119,9 @@ pub fn run(
                     }
                 }
                 SourceMessage::WatchError { reason, .. } => status.source_error(reason),
+                SourceMessage::ResourceStale { resource, stale } => {
+                    status.set_resource_in_sync(resource, !stale)
+                }
             }
             msg = rx.try_recv().ok();
         }

@@ -280,6 +280,13 @@ fn demo(root: &Path) -> Result<()> {
     Ok(())
 }
 
-fn bench(_root: &Path) -> Result<()> {
-    run(cargo().args(["bench", "-p", "proxy-userspace", "--bench", "localstate"]))
+fn bench(root: &Path) -> Result<()> {
+    run(cargo().args(["bench", "-p", "proxy-userspace", "--bench", "localstate"]))?;
+    if !is_root() {
+        println!("datapath benchmarks skipped: they need root (network namespaces, eBPF)");
+        return Ok(());
+    }
+    ebpf::build(root, true)?;
+    run(cargo().args(["build", "--bin", "ebpf-kube-proxy"]))?;
+    e2e::bench::connect_rate(root)
 }

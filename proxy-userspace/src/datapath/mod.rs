@@ -3,18 +3,20 @@
 //! touches only what changed.
 //!
 //! This build ships the `ebpf` datapath (socket-level load balancing, see
-//! [`ebpf`]) and `none` (programs nothing, publishes the state). The
-//! nftables datapath is refused at start-up rather than faked; `auto`
-//! tries eBPF and falls back to `none` with the reason in
+//! [`ebpf`]), `nftables` (a kube-proxy-nftables-shaped ruleset, see
+//! [`nft`]) and `none` (programs nothing, publishes the state). `auto`
+//! tries eBPF and falls back to nftables with the reason in
 //! [`DatapathChoice`].
 
 pub mod ebpf;
+pub mod nft;
 pub mod none;
 
 use std::fmt;
 use std::path::PathBuf;
 
 use crate::model::{LocalState, ObjectKey, ServiceEndpoints};
+use crate::net::Cidr;
 
 /// Which datapath runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -84,11 +86,19 @@ pub struct DatapathConfig {
     pub bpffs_root: PathBuf,
     /// `None`: the cgroup v2 root.
     pub cgroup_path: Option<PathBuf>,
+    /// `--cluster-cidr`: nftables masquerades traffic to services from
+    /// outside these.
+    pub cluster_cidrs: Vec<Cidr>,
 }
+
+/// Test hook, read from the environment: `auto` behaves as if eBPF could
+/// not be loaded, so the fallback to nftables can be exercised on a
+/// machine where eBPF works.
+pub const FORCE_EBPF_FAILURE_ENV: &str = "EBPF_KUBE_PROXY_TEST_FORCE_EBPF_FAILURE";
 
 /// Starts the datapath `--proxy-mode` asks for. `ebpf` fails when eBPF
 /// cannot be loaded; `auto` then logs one line with the cause and runs
-/// `none` (nftables is not in this build).
+/// nftables.
 pub fn select(
     config: &DatapathConfig,
 ) -> Result<(Box<dyn Datapath>, DatapathChoice), DatapathError> {
@@ -107,21 +117,28 @@ pub fn select(
             let dp = ebpf::EbpfDatapath::open(&ebpf_config)?;
             Ok((Box::new(dp), choice(ProxyMode::Ebpf, None)))
         }
-        ProxyMode::Auto => match ebpf::EbpfDatapath::open(&ebpf_config) {
-            Ok(dp) => Ok((Box::new(dp), choice(ProxyMode::Ebpf, None))),
-            Err(e) => {
-                tracing::warn!(reason = %e, class = e.class(), "proxy-mode auto: eBPF datapath unavailable, running with proxy-mode none (state is published, nothing is programmed; no nftables datapath in this build)");
-                Ok((
-                    Box::new(none::NoneDatapath),
-                    choice(ProxyMode::None, Some(&e)),
-                ))
+        ProxyMode::Auto => {
+            let opened = if std::env::var_os(FORCE_EBPF_FAILURE_ENV).is_some() {
+                Err(ebpf::EbpfError::Load(format!(
+                    "forced by {FORCE_EBPF_FAILURE_ENV} (test hook)"
+                )))
+            } else {
+                ebpf::EbpfDatapath::open(&ebpf_config)
+            };
+            match opened {
+                Ok(dp) => Ok((Box::new(dp), choice(ProxyMode::Ebpf, None))),
+                Err(e) => {
+                    tracing::warn!(reason = %e, class = e.class(), "proxy-mode auto: eBPF datapath unavailable, falling back to nftables");
+                    let dp = nft::NftDatapath::open(config.cluster_cidrs.clone())?;
+                    Ok((Box::new(dp), choice(ProxyMode::Nftables, Some(&e))))
+                }
             }
-        },
+        }
         ProxyMode::None => Ok((Box::new(none::NoneDatapath), choice(ProxyMode::None, None))),
-        ProxyMode::Nftables => Err(DatapathError::Apply {
-            mode: ProxyMode::Nftables,
-            reason: "not available in this build; use auto, ebpf or none".to_owned(),
-        }),
+        ProxyMode::Nftables => {
+            let dp = nft::NftDatapath::open(config.cluster_cidrs.clone())?;
+            Ok((Box::new(dp), choice(ProxyMode::Nftables, None)))
+        }
     }
 }
 

@@ -228,6 +228,8 @@ pub async fn run(client: Client, node_name: String, tx: SourceSender, cancel: Ca
     // What each resource's last complete view holds, to turn a relist into
     // deletes for the objects that vanished while the watch was down.
     let mut known: BTreeMap<&'static str, BTreeSet<ObjectRef>> = BTreeMap::new();
+    // Resources whose watch failed and has not delivered since.
+    let mut stale: BTreeSet<&'static str> = BTreeSet::new();
     let mut synced: BTreeSet<&'static str> = BTreeSet::new();
     let mut announced = false;
     while let Some(first) = tokio::select! {
@@ -238,6 +240,22 @@ pub async fn run(client: Client, node_name: String, tx: SourceSender, cancel: Ca
         let mut changes = Vec::new();
         let mut next = Some(first);
         while let Some(update) = next.take() {
+            let delivered = match &update {
+                Update::Relisted { resource, .. } => Some(*resource),
+                Update::Applied(o) => Some(resource_of(o)),
+                Update::Deleted(r) => Some(resource_of_ref(r)),
+                Update::Error { .. } => None,
+            };
+            if let Some(resource) = delivered.filter(|r| stale.remove(r)) {
+                tracing::info!(resource, "watch delivering again");
+                let msg = SourceMessage::ResourceStale {
+                    resource,
+                    stale: false,
+                };
+                if tx.send(msg).await.is_err() {
+                    return;
+                }
+            }
             match update {
                 Update::Relisted { resource, objects } => {
                     let now: BTreeSet<ObjectRef> = objects.iter().map(Object::object_ref).collect();
@@ -269,6 +287,15 @@ pub async fn run(client: Client, node_name: String, tx: SourceSender, cancel: Ca
                     message,
                 } => {
                     tracing::warn!(resource, reason, error = %message, "watch error; keeping the last state and retrying with backoff");
+                    if stale.insert(resource) {
+                        let msg = SourceMessage::ResourceStale {
+                            resource,
+                            stale: true,
+                        };
+                        if tx.send(msg).await.is_err() {
+                            return;
+                        }
+                    }
                     let msg = SourceMessage::WatchError {
                         resource,
                         reason,

@@ -26,6 +26,9 @@ pub enum SourceMessage {
         reason: &'static str,
         message: String,
     },
+    /// A resource's watch failed (`stale: true`) or delivered again after a
+    /// failure (`stale: false`).
+    ResourceStale { resource: &'static str, stale: bool },
 }
 
 pub type SourceSender = mpsc::Sender<SourceMessage>;

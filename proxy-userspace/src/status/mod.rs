@@ -276,6 +276,16 @@ impl Status {
         }
     }
 
+    /// A watched resource lost (`false`) or regained (`true`) its
+    /// connection to the API server: `ebpf_kube_proxy_source_synced` shows
+    /// the staleness while the last good state keeps serving.
+    pub fn set_resource_in_sync(&self, resource: &str, in_sync: bool) {
+        self.metrics
+            .source_synced
+            .with_label_values(&[self.options.source, resource])
+            .set(i64::from(in_sync));
+    }
+
     /// One source error by reason class (`read`, `decode`,
     /// `invalid_object`, `watch`, `relist_410`).
     pub fn source_error(&self, reason: &str) {

@@ -10,10 +10,10 @@
 //!
 //! Pods reach the node through a /32 route and a default route via
 //! 169.254.1.1 (an address of the node's lo, so the node answers ARP for it)
-//! and, for IPv6, via fe80::1 on the node's veth. The daemon runs in the host
-//! namespace on the file source; its socket hooks attach to a cgroup v2
-//! directory created for the run. Everything is removed on drop, also when a
-//! scenario fails.
+//! and, for IPv6, via fe80::1 on the node's veth. The daemon runs in the node
+//! namespace (nftables rules are per network namespace; the eBPF socket
+//! hooks are per cgroup and attach to a cgroup v2 directory created for the
+//! run). Everything is removed on drop, also when a scenario fails.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -140,6 +140,18 @@ impl Bed {
             ip(&["-n", &node, "addr", "add", addr, "dev", "lo"])?;
         }
         ip(&["-n", &node, "-6", "addr", "add", "fd00::1/128", "dev", "lo"])?;
+        if self.proxy_mode != "ebpf" {
+            // Service addresses are routed nowhere; a real node has a default
+            // route, so connect() gets as far as the nftables output hook
+            // (which DNATs and reroutes) instead of failing with "network
+            // unreachable". Socket-LB rewrites before the route lookup and
+            // needs none.
+            let dummy = format!("{}dflt", self.prefix);
+            ip(&["-n", &node, "link", "add", &dummy, "type", "dummy"])?;
+            ip(&["-n", &node, "link", "set", &dummy, "up"])?;
+            ip(&["-n", &node, "route", "add", "default", "dev", &dummy])?;
+            ip(&["-n", &node, "-6", "route", "add", "default", "dev", &dummy])?;
+        }
         self.sysctl(&node, "net.ipv4.ip_forward", "1")?;
         self.sysctl(&node, "net.ipv6.conf.all.forwarding", "1")?;
         for i in 1..=POD_COUNT {
@@ -300,7 +312,9 @@ impl Bed {
                 self.dir.join("manifests").into(),
             ],
         };
-        let child = Command::new(&self.daemon_bin)
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.node_netns))
+            .arg(&self.daemon_bin)
             .args(["--hostname-override", "node-1"])
             .arg("--proxy-mode")
             .arg(&self.proxy_mode)
@@ -330,7 +344,7 @@ impl Bed {
         loop {
             let out = Command::new(&self.daemon_bin)
                 .args(["localnet", "watch", "--once", "--target"])
-                .arg(self.localnet.to_string())
+                .arg(format!("unix:{}", self.dir.join("localnet.sock").display()))
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()?;
@@ -382,9 +396,12 @@ impl Bed {
         Ok(())
     }
 
-    /// Runs the daemon's `cleanup` subcommand for this bed's paths.
+    /// Runs the daemon's `cleanup` subcommand for this bed's paths, in the
+    /// node namespace where the daemon ran.
     pub fn cleanup_command(&self) -> Result<String> {
-        let out = Command::new(&self.daemon_bin)
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.node_netns))
+            .arg(&self.daemon_bin)
             .arg("cleanup")
             .arg("--bpffs-root")
             .arg(&self.bpffs)
@@ -404,6 +421,28 @@ impl Bed {
             bail!("cleanup failed: {text}");
         }
         Ok(text)
+    }
+
+    /// Runs `f` on a thread inside the node namespace: sockets it creates
+    /// (a listener for the fake API server) live there, where the daemon
+    /// can reach them on 127.0.0.1.
+    pub fn in_node_netns<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T> {
+        let ns = std::fs::File::open(format!("/run/netns/{}", self.node_netns))?;
+        std::thread::scope(|scope| {
+            scope
+                .spawn(move || {
+                    use std::os::fd::AsRawFd;
+                    // SAFETY: setns on a valid, open netns descriptor; it only
+                    // changes this (scoped, short-lived) thread's namespace.
+                    let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+                    if rc != 0 {
+                        bail!("setns: {}", std::io::Error::last_os_error());
+                    }
+                    Ok(f())
+                })
+                .join()
+                .map_err(|_| anyhow::anyhow!("the thread in the node netns panicked"))?
+        })
     }
 
     /// A client in `netns` (the node's by default) and in the test cgroup.

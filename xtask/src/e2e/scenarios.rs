@@ -594,7 +594,8 @@ fn kube_source(bed: &mut Bed) -> Result<()> {
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let api = rt.block_on(super::fake_apiserver::FakeApiServer::start());
+    // The daemon runs in the node namespace: the API server listens there.
+    let api = bed.in_node_netns(|| rt.block_on(super::fake_apiserver::FakeApiServer::start()))?;
     let kubeconfig = bed.dir.join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
     let pod_ips: Vec<String> = bed.pods.iter().map(|p| p.ipv4.clone()).collect();

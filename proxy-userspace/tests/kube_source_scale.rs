@@ -1,0 +1,68 @@
+//! Initial sync at scale from the fake API server. In a test binary of its
+//! own so that no other daemon of the same run competes for the two cores
+//! while the time is taken.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::fake_apiserver::FakeApiServer;
+use common::Daemon;
+use ebpf_kube_proxy::localnet::client;
+use serde_json::json;
+
+fn service(ns: &str, name: &str, ip: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": name, "namespace": ns},
+           "spec": {"clusterIP": ip, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
+}
+
+fn slice(ns: &str, svc: &str, ips: &[String]) -> serde_json::Value {
+    let endpoints: Vec<serde_json::Value> = ips
+        .iter()
+        .map(|ip| json!({"addresses": [ip], "nodeName": "n2"}))
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": format!("{svc}-abc"), "namespace": ns,
+                        "labels": {"kubernetes.io/service-name": svc}},
+           "addressType": "IPv4",
+           "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+           "endpoints": endpoints})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_services_with_ten_thousand_endpoints_sync_within_two_seconds() {
+    let api = FakeApiServer::start().await;
+    for i in 0..1000u32 {
+        let name = format!("svc-{i:04}");
+        api.apply(service(
+            "bulk",
+            &name,
+            &format!("10.96.{}.{}", i / 250, i % 250 + 1),
+        ));
+        let ips: Vec<String> = (0..10u32)
+            .map(|j| format!("10.{}.{}.{}", 100 + i / 250, i % 250, j + 1))
+            .collect();
+        api.apply(slice("bulk", &name, &ips));
+    }
+    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let started = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let d = Daemon::start_kube(dir, &kubeconfig, &[]);
+    let mut c = d.tcp().await;
+    let s = tokio::time::timeout(Duration::from_secs(10), client::next(&mut c, 0, 0))
+        .await
+        .expect("a state within 10 s")
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(
+        s.services.len(),
+        1000,
+        "never partial: the first state is complete"
+    );
+    let endpoints: usize = s.services.iter().map(|x| x.endpoints.len()).sum();
+    assert_eq!(endpoints, 10_000);
+    assert!(took < Duration::from_secs(2), "initial sync took {took:?}");
+}
