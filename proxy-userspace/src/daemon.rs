@@ -52,7 +52,7 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
             sources::kube::client(config.kubeconfig.as_deref(), master.as_deref()).await?,
         ),
     };
-    let (datapath, datapath_choice) = select_datapath(&config)?;
+    let (mut datapath, datapath_choice) = select_datapath(&config)?;
     let listeners = Listeners::bind(
         config.localnet_bind_address,
         config.localnet_socket.as_deref(),
@@ -74,6 +74,9 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
         flags: config.flagz.clone(),
     })?);
     status.set_localnet_listening(true);
+    datapath
+        .register_metrics(status.metrics().registry())
+        .context("registering the datapath's metrics")?;
     if datapath_choice.fallback_reason.is_some() {
         // `auto` tries eBPF first.
         status.datapath_fallback(

@@ -186,14 +186,28 @@ async fn an_api_server_outage_keeps_the_state_and_recovers_without_restart() {
     let d = start(&api).await;
     let s = wait_state(&d, 0, 0, Duration::from_secs(10), |_| true).await;
 
+    let in_sync = |d: &Daemon| {
+        let m = common::get(d.metrics, "/metrics").text();
+        m.lines()
+            .find(|l| {
+                l.starts_with(
+                    "ebpf_kube_proxy_source_synced{resource=\"services\",source=\"kube\"}",
+                )
+            })
+            .map(|l| l.ends_with(" 1"))
+            .unwrap_or_else(|| panic!("no source_synced series for services:\n{m}"))
+    };
+    assert!(in_sync(&d));
+
     api.set_down(true);
     tokio::time::sleep(Duration::from_secs(5)).await;
-    // The last state keeps serving.
+    // The last state keeps serving, and the staleness shows.
     let during = client::next(&mut d.tcp().await, 0, 0).await.unwrap();
     assert_eq!(
         (during.instance_id, during.rev, names(&during)),
         (s.instance_id, s.rev, names(&s))
     );
+    assert!(!in_sync(&d), "the outage must show as stale on /metrics");
 
     api.set_down(false);
     api.apply(service("default", "after", "10.96.0.11"));
@@ -203,6 +217,7 @@ async fn an_api_server_outage_keeps_the_state_and_recovers_without_restart() {
     })
     .await;
     assert_eq!(names(&after), ["after", "web"]);
+    assert!(in_sync(&d), "recovered watches show in sync again");
     assert!(
         d.log_text().contains("watch error"),
         "outage not logged:\n{}",

@@ -31,7 +31,7 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("test") => test(&root),
         Some("demo") => demo(&root),
-        Some("bench") => bench(&root),
+        Some("bench") => bench(&root, &args[1..]),
         Some("e2e") => e2e_command(&root, &args[1..]),
         Some("build-ebpf") => ebpf::build_ebpf(&root, &args[1..]),
         _ => {
@@ -49,9 +49,10 @@ fn e2e_command(root: &Path, args: &[String]) -> Result<()> {
 /// Builds what the suite runs (the eBPF object first, so the daemon embeds
 /// it), runs it and prints the closing `N passed, N failed` line.
 fn e2e_suite(root: &Path, opts: &e2e::Options) -> Result<()> {
-    // The nftables datapath (and `auto`'s fallback to it) runs `nft`.
+    // The nftables datapath (and `auto`'s fallback to it) runs `nft`, and
+    // `conntrack` for the UDP cleanup.
     if is_root() {
-        ensure_debian_packages(&[("nft", "nftables")])?;
+        ensure_debian_packages(&[("nft", "nftables"), ("conntrack", "conntrack")])?;
     }
     if opts.proxy_mode == "ebpf" || opts.proxy_mode == "auto" {
         ebpf::build(root, true)?;
@@ -66,7 +67,7 @@ fn e2e_suite(root: &Path, opts: &e2e::Options) -> Result<()> {
 }
 
 /// Datapaths the e2e suite covers in `cargo xtask test`.
-const E2E_PROXY_MODES: &[&str] = &["ebpf"];
+const E2E_PROXY_MODES: &[&str] = &["ebpf", "nftables"];
 
 fn is_root() -> bool {
     Command::new("id")
@@ -129,6 +130,7 @@ fn test(root: &Path) -> Result<()> {
         ("ip", "iproute2"),
         ("nsenter", "util-linux"),
         ("nft", "nftables"),
+        ("conntrack", "conntrack"),
     ])?;
     // First, so that the daemon embeds the eBPF object and its kernel tests run.
     ebpf::build(root, true)?;
@@ -280,8 +282,19 @@ fn demo(root: &Path) -> Result<()> {
     Ok(())
 }
 
-fn bench(root: &Path) -> Result<()> {
-    run(cargo().args(["bench", "-p", "proxy-userspace", "--bench", "localstate"]))?;
+/// `cargo xtask bench [--only localstate|datapath]`.
+fn bench(root: &Path, args: &[String]) -> Result<()> {
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str);
+    if only != Some("datapath") {
+        run(cargo().args(["bench", "-p", "proxy-userspace", "--bench", "localstate"]))?;
+    }
+    if only == Some("localstate") {
+        return Ok(());
+    }
     if !is_root() {
         println!("datapath benchmarks skipped: they need root (network namespaces, eBPF)");
         return Ok(());

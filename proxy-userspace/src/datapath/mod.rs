@@ -64,6 +64,14 @@ pub trait Datapath: Send {
     fn mode(&self) -> ProxyMode;
     /// Programs `next`, given that `prev` is what is programmed now.
     fn apply(&mut self, prev: &LocalState, next: &LocalState) -> Result<ApplyStats, DatapathError>;
+    /// Registers the families only this datapath has (the nftables ones of
+    /// SPEC §5.1) on `/metrics`.
+    fn register_metrics(
+        &mut self,
+        _registry: &prometheus::Registry,
+    ) -> Result<(), prometheus::Error> {
+        Ok(())
+    }
 }
 
 /// Which datapath runs, and why when it is not the one asked for.

@@ -77,22 +77,25 @@ pub async fn connect(target: &Target) -> Result<EndpointsClient<Channel>, Client
             .connect()
             .await
             .map_err(err)?,
-        Target::Unix(path) => {
-            let path = path.clone();
-            // The URI is required by the API but unused by the connector.
-            Endpoint::from_static("http://localnet.invalid")
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move {
-                        let stream = tokio::net::UnixStream::connect(path).await?;
-                        Ok::<_, std::io::Error>(TokioIo::new(stream))
-                    }
-                }))
-                .await
-                .map_err(err)?
-        }
+        Target::Unix(path) => unix_channel(path).await.map_err(err)?,
     };
     Ok(EndpointsClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+/// A gRPC channel over the unix socket at `path` (shared by the localnet
+/// and PodInfo clients).
+pub async fn unix_channel(path: &std::path::Path) -> Result<Channel, tonic::transport::Error> {
+    let path = path.to_owned();
+    // The URI is required by the API but unused by the connector.
+    Endpoint::from_static("http://unix.invalid")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await
 }
 
 /// One full state as received from `Next`.

@@ -5,10 +5,9 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
-use hyper_util::rt::TokioIo;
 use proto::podinfo::v1alpha1 as pb;
 use proto::podinfo::v1alpha1::pod_info_service_client::PodInfoServiceClient;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 use crate::cli::{PodInfoArgs, PodInfoCommand, PodInfoGetArgs};
 use crate::localnet::server::MAX_MESSAGE_BYTES;
@@ -58,16 +57,7 @@ pub fn parse_pod_key(s: &str) -> Result<ObjectKey, String> {
 
 /// Opens a channel to the socket at `path`.
 pub async fn connect(path: &Path) -> Result<PodInfoServiceClient<Channel>, ClientError> {
-    let socket = path.to_owned();
-    // The URI is required by the API but unused by the connector.
-    let channel = Endpoint::from_static("http://podinfo.invalid")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(socket).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        }))
+    let channel = crate::localnet::client::unix_channel(path)
         .await
         .map_err(|e| {
             let mut reason = e.to_string();

@@ -52,6 +52,8 @@ pub struct Bed {
     daemon_starts: u32,
     /// Set: the daemon runs on the kube source with this kubeconfig.
     pub kubeconfig: Option<PathBuf>,
+    /// Extra environment for the daemon (test hooks).
+    pub daemon_env: Vec<(String, String)>,
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
@@ -89,6 +91,15 @@ pub fn cgroup2_root() -> Result<PathBuf> {
     bail!("no cgroup2 mount in /proc/self/mountinfo")
 }
 
+/// The pods' netexec servers and the clients are this binary; run them
+/// from a copy, so that a rebuild of xtask during a run cannot pull the
+/// executable away from under them.
+fn stable_copy_of_self(dir: &Path) -> Result<PathBuf> {
+    let copy = dir.join("xtask-helper");
+    std::fs::copy(std::env::current_exe()?, &copy).context("copying the xtask binary")?;
+    Ok(copy)
+}
+
 impl Bed {
     pub fn new(proxy_mode: &str, daemon_bin: PathBuf) -> Result<Bed> {
         let id = std::process::id() % 100_000;
@@ -98,6 +109,7 @@ impl Bed {
         std::fs::create_dir_all(dir.join("manifests"))?;
         let cgroup = cgroup2_root()?.join(format!("ebpf-kube-proxy-e2e-{id}"));
         let bpffs = PathBuf::from(format!("/sys/fs/bpf/ebpf-kube-proxy-e2e-{id}"));
+        let xtask_bin = stable_copy_of_self(&dir)?;
         let mut bed = Bed {
             node_netns: format!("{prefix}-node"),
             pods: Vec::new(),
@@ -106,13 +118,14 @@ impl Bed {
             dir,
             proxy_mode: proxy_mode.to_owned(),
             daemon_bin,
-            xtask_bin: std::env::current_exe()?,
+            xtask_bin,
             localnet: free_port()?,
             servers: Vec::new(),
             daemon: None,
             netns: Vec::new(),
             daemon_starts: 0,
             kubeconfig: None,
+            daemon_env: Vec::new(),
             prefix,
         };
         bed.build().context("building the test bed")?;
@@ -146,8 +159,13 @@ impl Bed {
             // (which DNATs and reroutes) instead of failing with "network
             // unreachable". Socket-LB rewrites before the route lookup and
             // needs none.
+            // A veth whose peer stays down: it takes the route, packets sent
+            // on it go nowhere (no dummy module needed).
             let dummy = format!("{}dflt", self.prefix);
-            ip(&["-n", &node, "link", "add", &dummy, "type", "dummy"])?;
+            let peer = format!("{}dpeer", self.prefix);
+            ip(&[
+                "-n", &node, "link", "add", &dummy, "type", "veth", "peer", "name", &peer,
+            ])?;
             ip(&["-n", &node, "link", "set", &dummy, "up"])?;
             ip(&["-n", &node, "route", "add", "default", "dev", &dummy])?;
             ip(&["-n", &node, "-6", "route", "add", "default", "dev", &dummy])?;
@@ -335,6 +353,7 @@ impl Bed {
             .arg(free_port()?.to_string())
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
+            .envs(self.daemon_env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

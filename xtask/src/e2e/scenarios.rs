@@ -61,6 +61,14 @@ pub fn all() -> Vec<Scenario> {
             run: kube_source,
         },
         Scenario {
+            name: "udp-endpoint-replaced-long-lived-client-follows",
+            run: udp_endpoint_replaced,
+        },
+        Scenario {
+            name: "auto-falls-back-to-nftables",
+            run: auto_fallback,
+        },
+        Scenario {
             name: "cleanup-leaves-nothing-behind",
             run: cleanup,
         },
@@ -637,6 +645,107 @@ fn kube_source(bed: &mut Bed) -> Result<()> {
     let _ = bed.stop_daemon();
     bed.kubeconfig = None;
     api.stop();
+    result
+}
+
+/// A UDP client that keeps its source port (a resolver) is moved to the
+/// new endpoint when its endpoint is replaced, although the old pod still
+/// answers: the datapath must not keep the old flow (nftables: conntrack
+/// entries deleted; eBPF: per-send rewrite).
+fn udp_endpoint_replaced(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    let svc = Svc {
+        name: "resolver",
+        cluster_ip: "10.96.0.70",
+        ports: &[("dns", "UDP", 53, 5353)],
+        extra_spec: "",
+    };
+    bed.apply_manifests(&docs(&[
+        service_yaml(&svc),
+        slice_yaml(bed, &svc, false, &[(0, "node-1")]),
+    ]))?;
+    wait_until_served(bed, "udp", "10.96.0.70:53", Duration::from_secs(5))?;
+    let client = bed.spawn_client(
+        None,
+        &[
+            "--proto",
+            "udp",
+            "--target",
+            "10.96.0.70:53",
+            "--duration-ms",
+            "4000",
+            "--interval-ms",
+            "50",
+            "--timeout-ms",
+            "200",
+            "--reuse",
+        ],
+    )?;
+    std::thread::sleep(Duration::from_millis(1000));
+    bed.apply_manifests(&docs(&[
+        service_yaml(&svc),
+        slice_yaml(bed, &svc, false, &[(1, "node-1")]),
+    ]))?;
+    let out = client.wait_with_output()?;
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let tail = Results::parse(&lines[lines.len().saturating_sub(10)..]);
+    let pods: Vec<String> = tail.pods().into_keys().collect();
+    ensure!(
+        pods == ["pod2"],
+        "the last answers must come from the new endpoint: {:?} {:?}",
+        tail.pods(),
+        tail.errors.first()
+    );
+    Ok(())
+}
+
+/// `--proxy-mode auto` with eBPF made to fail (test hook): one log line
+/// with the cause, and traffic flows through nftables. Only in the
+/// nftables bed, whose node has the default route nftables needs.
+fn auto_fallback(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode != "nftables" {
+        println!(
+            "SKIP auto-falls-back-to-nftables [{}]: runs in the nftables bed",
+            bed.proxy_mode
+        );
+        return Ok(());
+    }
+    bed.stop_daemon()?;
+    bed.proxy_mode = "auto".to_owned();
+    bed.daemon_env = vec![(
+        "EBPF_KUBE_PROXY_TEST_FORCE_EBPF_FAILURE".to_owned(),
+        "1".to_owned(),
+    )];
+    let result = (|| -> Result<()> {
+        bed.apply_manifests(&docs(&[
+            service_yaml(&WEB),
+            slice_yaml(bed, &WEB, false, &three_pods()),
+        ]))?;
+        bed.start_daemon()?;
+        wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
+        let r = request(bed, "tcp", "10.96.0.10:80", 60)?;
+        assert_spread(&r, 60, &["pod1", "pod2", "pod3"], 0.1)?;
+        let log = bed.daemon_log();
+        let fallbacks: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("falling back to nftables"))
+            .collect();
+        ensure!(
+            fallbacks.len() == 1 && fallbacks[0].contains("forced by"),
+            "expected one fallback line with the cause: {fallbacks:?}"
+        );
+        ensure!(
+            log.contains("proxy_mode=nftables requested_proxy_mode=auto"),
+            "the daemon does not report nftables as the active mode"
+        );
+        Ok(())
+    })();
+    let _ = bed.stop_daemon();
+    bed.proxy_mode = "nftables".to_owned();
+    bed.daemon_env.clear();
     result
 }
 

@@ -1,6 +1,10 @@
 //! `--proxy-mode nftables`: a kube-proxy-nftables-shaped ruleset in the
 //! tables `ip ebpf-kube-proxy` and `ip6 ebpf-kube-proxy` (see [`rules`] for
-//! the layout), programmed through `nft -j -f -` with the `nftables` crate.
+//! the layout), programmed as nft JSON through `nft -j -f -`.
+//!
+//! `nft` is run directly rather than through the `nftables` crate's helper:
+//! that helper lets nft's stderr through to ours, and that text is what
+//! names the failing part of a rejected transaction.
 //!
 //! * The first apply (and the one after a failed transaction) replaces both
 //!   tables in one transaction: add, delete, re-create. Conntrack entries
@@ -8,9 +12,13 @@
 //! * Later applies build one transaction per LocalState change holding only
 //!   the services that changed: their map elements, their chains (rewritten
 //!   whole) and the removal of chains and sets no longer referenced.
+//! * After a partial sync, UDP conntrack entries that point at removed
+//!   endpoints, or hold a reject from before a service's first endpoint,
+//!   are deleted ([`conntrack`]).
 //! * A rejected transaction changes nothing (nft applies all or nothing);
 //!   the error names the failing command and the next apply is a full one.
 
+pub mod conntrack;
 pub mod rules;
 
 use std::collections::{BTreeMap, HashMap};
@@ -52,20 +60,32 @@ fn run_transaction(family: Family, commands: &[Value]) -> Result<(), NftError> {
     if commands.is_empty() {
         return Ok(());
     }
+    use std::io::Write;
+    use std::process::{Command, Stdio};
     let payload = json!({ "nftables": commands }).to_string();
-    match nftables::helper::apply_ruleset_raw::<str, str, _>(
-        &payload,
-        None,
-        std::iter::empty::<&str>(),
-    ) {
-        Ok(_) => Ok(()),
-        Err(nftables::helper::NftablesError::NftFailed { stderr, .. }) => Err(NftError::Rejected {
-            family: family.nft(),
-            failing: failing_commands(&stderr, commands),
-            stderr: stderr.trim().to_owned(),
-        }),
-        Err(e) => Err(NftError::Exec(e.to_string())),
+    let mut child = Command::new("nft")
+        .args(["-j", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| NftError::Exec(format!("nft -j -f -: {e}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A write error shows up as nft's own failure below.
+        let _ = stdin.write_all(payload.as_bytes());
     }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| NftError::Exec(format!("nft -j -f -: {e}")))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    Err(NftError::Rejected {
+        family: family.nft(),
+        failing: failing_commands(&stderr, commands),
+        stderr: stderr.trim().to_owned(),
+    })
 }
 
 /// nft names the failing command as "... command array at index N ...";
@@ -93,9 +113,47 @@ fn delete(obj: Value) -> Value {
     json!({ "delete": obj })
 }
 
+/// `kubeproxy_sync_proxy_rules_nftables_*` (SPEC §5.1), nftables mode only.
+#[derive(Clone, Debug)]
+struct NftMetrics {
+    sync_failures: prometheus::IntCounterVec,
+}
+
+impl NftMetrics {
+    fn register(registry: &prometheus::Registry) -> Result<Self, prometheus::Error> {
+        let family =
+            |name: &str, help: &str| -> Result<prometheus::IntCounterVec, prometheus::Error> {
+                let c = prometheus::IntCounterVec::new(
+                    prometheus::Opts::new(name, format!("[ALPHA] {help}")),
+                    &["ip_family"],
+                )?;
+                registry.register(Box::new(c.clone()))?;
+                // Both families are programmed: both series exist from the start.
+                for f in Family::ALL {
+                    c.with_label_values(&[f.label()]);
+                }
+                Ok(c)
+            };
+        // Stale chains are removed in the sync transaction itself, so a
+        // failed cleanup is a failed sync and this stays 0; the family is
+        // kept for dashboards written for kube-proxy.
+        family(
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+            "Cumulative proxy nftables cleanup failures",
+        )?;
+        Ok(NftMetrics {
+            sync_failures: family(
+                "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+                "Cumulative proxy nftables sync failures",
+            )?,
+        })
+    }
+}
+
 /// The nftables datapath of a running daemon.
 #[derive(Debug)]
 pub struct NftDatapath {
+    metrics: Option<NftMetrics>,
     cluster_cidrs: Vec<Cidr>,
     /// What each service has programmed, per family.
     programmed: HashMap<(ObjectKey, Family), ServiceObjects>,
@@ -124,6 +182,7 @@ impl NftDatapath {
         }
         tracing::info!(version = %String::from_utf8_lossy(&out.stdout).trim(), table = rules::TABLE, "nftables datapath ready");
         Ok(NftDatapath {
+            metrics: None,
             cluster_cidrs,
             programmed: HashMap::new(),
             element_owner: HashMap::new(),
@@ -133,12 +192,22 @@ impl NftDatapath {
 
     /// Replaces the family's table with `next` in one transaction.
     fn full_sync(&mut self, f: Family, next: &LocalState) -> Result<(), NftError> {
-        let mut cmds = vec![
-            add(rules::table_obj(f)),
-            delete(rules::table_obj(f)),
-            add(rules::table_obj(f)),
-        ];
-        cmds.extend(rules::base_objects(f).into_iter().map(add));
+        // The table is flushed and refilled, never deleted: deleting it
+        // would unhook the base chains for a moment, and a new connection
+        // arriving then (a daemon restart) would miss its DNAT.
+        let existing = existing_objects(f)?;
+        let base = rules::base_objects(f);
+        let mut cmds = vec![add(rules::table_obj(f)), flush(rules::table_obj(f))];
+        for map in &existing.maps {
+            cmds.push(flush(rules::map_ref(f, map)));
+        }
+        let base_chains: Vec<&str> = base
+            .iter()
+            .filter_map(|o| o["chain"]["name"].as_str())
+            .collect();
+        let mut wanted_chains: std::collections::HashSet<String> =
+            base_chains.iter().map(|c| (*c).to_owned()).collect();
+        let mut tail: Vec<Value> = Vec::new();
         let mut owners = HashMap::new();
         let mut programmed = Vec::new();
         let mut elements: BTreeMap<&'static str, Vec<Value>> = BTreeMap::new();
@@ -159,10 +228,11 @@ impl NftDatapath {
                 }
             });
             for (name, timeout) in &objs.sets {
-                cmds.push(add(rules::set_obj(f, name, *timeout)));
+                tail.push(add(rules::set_obj(f, name, *timeout)));
             }
             for (name, chain_rules) in &objs.chains {
-                cmds.push(add(rules::chain_obj(f, name)));
+                tail.push(add(rules::chain_obj(f, name)));
+                wanted_chains.insert(name.clone());
                 rule_cmds.extend(chain_rules.iter().map(|r| add(rules::rule_obj(f, name, r))));
             }
             for ((map, _), (k, v)) in &objs.elements {
@@ -170,6 +240,22 @@ impl NftDatapath {
             }
             programmed.push((key.clone(), objs));
         }
+        // Left over from an earlier run: rules are gone with the flush, so
+        // nothing references them any more.
+        for chain in &existing.chains {
+            if !wanted_chains.contains(chain) {
+                cmds.push(delete(rules::chain_obj(f, chain)));
+            }
+        }
+        // Affinity sets are always re-created: the kernel marks a set that
+        // a rule updates as dynamic, and adding it again as declared (nft
+        // 1.0.6 JSON has no `dynamic` flag) fails with "File exists".
+        // Affinity entries are lost on restart, as with kube-proxy.
+        for set in &existing.sets {
+            cmds.push(delete(rules::set_ref(f, set)));
+        }
+        cmds.extend(base.into_iter().map(add));
+        cmds.extend(tail);
         cmds.extend(rule_cmds);
         for (map, elems) in elements {
             cmds.push(add(rules::element_obj(f, map, elems)));
@@ -283,6 +369,14 @@ impl Datapath for NftDatapath {
         ProxyMode::Nftables
     }
 
+    fn register_metrics(
+        &mut self,
+        registry: &prometheus::Registry,
+    ) -> Result<(), prometheus::Error> {
+        self.metrics = Some(NftMetrics::register(registry)?);
+        Ok(())
+    }
+
     fn apply(&mut self, prev: &LocalState, next: &LocalState) -> Result<ApplyStats, DatapathError> {
         let started = Instant::now();
         let mut changed = Vec::new();
@@ -292,13 +386,26 @@ impl Datapath for NftDatapath {
         // bookkeeping may no longer match it: start over next time.
         self.full_next = true;
         for f in Family::ALL {
-            if full {
-                self.full_sync(f, next)?;
+            let synced = if full {
+                self.full_sync(f, next)
             } else {
-                self.partial_sync(f, &changed)?;
+                self.partial_sync(f, &changed)
+            };
+            if let Err(e) = synced {
+                if let Some(m) = &self.metrics {
+                    m.sync_failures.with_label_values(&[f.label()]).inc();
+                }
+                return Err(e.into());
             }
         }
         self.full_next = false;
+        if !full {
+            let flushes: Vec<conntrack::Flush> = changed
+                .iter()
+                .flat_map(|(key, new)| conntrack::plan(prev.service(key), *new))
+                .collect();
+            conntrack::run(&flushes);
+        }
         tracing::debug!(full, services_changed = changed.len(), elapsed = ?started.elapsed(), "nftables synced");
         Ok(ApplyStats {
             services_changed: if full {
@@ -330,6 +437,32 @@ fn nft_output(args: &[&str]) -> Result<Option<String>, NftError> {
         args.join(" "),
         stderr.trim()
     )))
+}
+
+/// What a family's table holds now (empty when there is no table).
+#[derive(Debug, Default)]
+struct Existing {
+    chains: Vec<String>,
+    sets: Vec<String>,
+    maps: Vec<String>,
+}
+
+fn existing_objects(f: Family) -> Result<Existing, NftError> {
+    let mut existing = Existing::default();
+    let Some(text) = nft_output(&["-j", "list", "table", f.nft(), rules::TABLE])? else {
+        return Ok(existing);
+    };
+    let doc: Value = serde_json::from_str(&text).map_err(|e| NftError::Output(e.to_string()))?;
+    for o in doc["nftables"].as_array().into_iter().flatten() {
+        if let Some(name) = o["chain"]["name"].as_str() {
+            existing.chains.push(name.to_owned());
+        } else if let Some(name) = o["set"]["name"].as_str() {
+            existing.sets.push(name.to_owned());
+        } else if let Some(name) = o["map"]["name"].as_str() {
+            existing.maps.push(name.to_owned());
+        }
+    }
+    Ok(existing)
 }
 
 /// Whether this network namespace has one of the proxy's tables.
@@ -457,6 +590,118 @@ mod tests {
         ];
         let text = failing_commands("Error: Parsing command array at index 1 failed.", &cmds);
         assert!(text.contains("\"bad\""), "{text}");
+    }
+
+    /// Runs `f` on a thread in a new, empty network namespace (the `nft`
+    /// it spawns inherits it), or returns `None` when not root.
+    fn in_private_netns<T: Send>(f: impl FnOnce() -> T + Send) -> Option<T> {
+        // SAFETY: getuid has no preconditions.
+        if unsafe { libc::getuid() } != 0
+            || std::process::Command::new("nft")
+                .arg("--version")
+                .output()
+                .is_err()
+        {
+            eprintln!("skipped: needs root and nft");
+            return None;
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: unshare only moves this scoped test thread into a
+                // fresh network namespace; the host's rules are never seen.
+                assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+                f()
+            })
+            .join()
+            .unwrap()
+        })
+        .into()
+    }
+
+    fn listing() -> String {
+        nft_output(&["list", "table", "ip", rules::TABLE])
+            .unwrap()
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn syncs_replace_then_update_only_what_changed_and_recover_after_a_failure() {
+        use rules::tests::{endpoint, web};
+        in_private_netns(|| {
+            let empty = LocalState::default();
+            let two = LocalState {
+                services: vec![web(
+                    vec![endpoint("10.244.1.11", true), endpoint("10.244.1.12", true)],
+                    Some(30),
+                )],
+            };
+            let one = LocalState {
+                services: vec![web(vec![endpoint("10.244.1.11", true)], Some(30))],
+            };
+            let mut dp = NftDatapath::open(Vec::new()).unwrap();
+            dp.apply(&empty, &two).unwrap();
+            let text = listing();
+            assert!(
+                text.contains("10.96.0.10 . tcp . 80 : goto svc-default/web/tcp/http"),
+                "{text}"
+            );
+            assert!(text.contains("dnat to 10.244.1.12:8080"), "{text}");
+            assert!(text.contains("numgen random mod 2"), "{text}");
+
+            // One endpoint goes: its chain and affinity set go with it.
+            assert_eq!(dp.apply(&two, &one).unwrap().services_changed, 1);
+            let text = listing();
+            assert!(!text.contains("10.244.1.12"), "{text}");
+            assert!(text.contains("dnat to 10.244.1.11:8080"), "{text}");
+
+            // Someone deletes the table: the partial sync is rejected with
+            // the reason, the next one rebuilds everything.
+            nft_output(&["delete", "table", "ip", rules::TABLE]).unwrap();
+            let err = dp.apply(&one, &two).unwrap_err().to_string();
+            assert!(err.contains("nft rejected the transaction (ip)"), "{err}");
+            dp.apply(&one, &two).unwrap();
+            assert!(listing().contains("dnat to 10.244.1.12:8080"));
+
+            // No endpoints: rejected early, not dispatched.
+            let none = LocalState {
+                services: vec![web(vec![], None)],
+            };
+            dp.apply(&two, &none).unwrap();
+            let text = listing();
+            assert!(
+                text.contains("10.96.0.10 . tcp . 80 : goto reject-chain"),
+                "{text}"
+            );
+            assert!(!text.contains("svc-default/web"), "{text}");
+
+            // A restarted daemon refills the table in place and drops what
+            // the state no longer has.
+            NftDatapath::open(Vec::new())
+                .unwrap()
+                .apply(&empty, &two)
+                .unwrap();
+            NftDatapath::open(Vec::new())
+                .unwrap()
+                .apply(&empty, &one)
+                .unwrap();
+            let text = listing();
+            assert!(text.contains("dnat to 10.244.1.11:8080"), "{text}");
+            assert!(!text.contains("10.244.1.12"), "{text}");
+            assert!(!text.contains("reject-chain\n"), "{text}");
+
+            let dump = dump_text().unwrap();
+            assert!(
+                dump.contains("service default/web\n  service-ips: 10.96.0.10 . tcp . 80 -> svc-default/web/tcp/http"),
+                "{dump}"
+            );
+            assert!(
+                dump.contains("  chain ep-default/web/tcp/http/10.244.1.11:8080"),
+                "{dump}"
+            );
+
+            assert_eq!(cleanup().unwrap(), ["ip", "ip6"]);
+            assert!(!is_programmed());
+        });
     }
 
     #[test]

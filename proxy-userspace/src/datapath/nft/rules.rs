@@ -2,9 +2,9 @@
 //! out (chains with their rules, affinity sets, verdict-map elements), as
 //! nft JSON (`nft -j`, schema version 1). No I/O here.
 //!
-//! The `nftables` crate has no typed form for concatenated map keys,
-//! verdict maps or `numgen`, so the JSON is written out deliberately; the
-//! tests below pin the exact shapes `nft` 1.0 accepts.
+//! Concatenated map keys, verdict maps and `numgen` have no typed form in
+//! the `nftables` crate, so the JSON is written out deliberately; the tests
+//! below pin the exact shapes `nft` 1.0 accepts.
 //!
 //! Layout per family (`ip`/`ip6`), table [`TABLE`], like kube-proxy's
 //! nftables mode:
@@ -174,6 +174,11 @@ pub fn chain_obj(f: Family, name: &str) -> Value {
 
 pub fn rule_obj(f: Family, chain: &str, expr: &Value) -> Value {
     json!({"rule": {"family": f.nft(), "table": TABLE, "chain": chain, "expr": expr}})
+}
+
+/// A map to flush: only its name is needed.
+pub fn map_ref(f: Family, name: &str) -> Value {
+    json!({"map": {"family": f.nft(), "table": TABLE, "name": name}})
 }
 
 /// A set to delete: only its name is needed.
@@ -440,15 +445,24 @@ pub fn service_objects(se: &ServiceEndpoints, f: Family, cluster_cidrs: &[Cidr])
         }
         let ext_chain = format!("ext-{id}");
         if external.is_empty() {
+            // SPEC §8.6: with eTP=Local and endpoints elsewhere, drop (the
+            // load balancer's health check steers traffic away); else reject.
+            let verdict = if svc.external_traffic_policy == TrafficPolicy::Local
+                && targets.iter().any(|t| t.scopes.cluster)
+            {
+                json!({"drop": null})
+            } else {
+                goto(REJECT_CHAIN)
+            };
             for ip in &external_ips {
                 let (k, key) = key_of(ip);
                 out.elements
-                    .insert((NO_ENDPOINT_SERVICES, k), (key, goto(REJECT_CHAIN)));
+                    .insert((NO_ENDPOINT_SERVICES, k), (key, verdict.clone()));
             }
             if pm.node_port != 0 {
                 out.elements.insert(
                     (NO_ENDPOINT_NODEPORTS, format!("{proto} . {}", pm.node_port)),
-                    (json!({"concat": [proto, pm.node_port]}), goto(REJECT_CHAIN)),
+                    (json!({"concat": [proto, pm.node_port]}), verdict),
                 );
             }
             continue;
@@ -472,6 +486,23 @@ pub fn service_objects(se: &ServiceEndpoints, f: Family, cluster_cidrs: &[Cidr])
         }
         if svc.external_traffic_policy == TrafficPolicy::Cluster {
             rules.push(json!([jump(MARK_FOR_MASQUERADE)]));
+        } else if out.chains.contains_key(&svc_chain) {
+            // SPEC §8.6 short-circuit: pods and the node itself use the
+            // cluster chain even with eTP=Local (the node's own traffic is
+            // masqueraded so replies come back through it).
+            for c in &cidrs {
+                rules.push(json!([
+                    matches("==", saddr(f), prefix(c)),
+                    goto(&svc_chain)
+                ]));
+            }
+            let fib_saddr_local = matches(
+                "==",
+                json!({"fib": {"result": "type", "flags": ["saddr"]}}),
+                json!("local"),
+            );
+            rules.push(json!([fib_saddr_local, jump(MARK_FOR_MASQUERADE)]));
+            rules.push(json!([fib_saddr_local, goto(&svc_chain)]));
         }
         rules.extend(pick(&external));
         out.chains.insert(ext_chain.clone(), rules);
@@ -491,14 +522,14 @@ pub fn service_objects(se: &ServiceEndpoints, f: Family, cluster_cidrs: &[Cidr])
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::model::{
         EndpointConditions, EndpointHints, EndpointPort, IpSet, LocalServiceType, ObjectKey,
         PortMapping,
     };
 
-    fn endpoint(ip: &str, internal: bool) -> LocalEndpoint {
+    pub(in crate::datapath::nft) fn endpoint(ip: &str, internal: bool) -> LocalEndpoint {
         LocalEndpoint {
             ip: ip.parse().unwrap(),
             hostname: String::new(),
@@ -526,7 +557,10 @@ mod tests {
         }
     }
 
-    fn web(endpoints: Vec<LocalEndpoint>, affinity: Option<u32>) -> ServiceEndpoints {
+    pub(in crate::datapath::nft) fn web(
+        endpoints: Vec<LocalEndpoint>,
+        affinity: Option<u32>,
+    ) -> ServiceEndpoints {
         ServiceEndpoints {
             service: LocalService {
                 key: ObjectKey {
@@ -685,6 +719,17 @@ mod tests {
             objs.chains["ext-default/web/tcp/http"][0],
             json!([{"jump": {"target": "mark-for-masquerade"}}])
         );
+    }
+
+    #[test]
+    fn external_traffic_policy_local_without_local_endpoints_drops_node_port_traffic() {
+        let mut se = web(vec![endpoint("10.244.2.12", true)], None);
+        se.service.ports[0].node_port = 30080;
+        se.service.external_traffic_policy = TrafficPolicy::Local;
+        se.endpoints[0].ports[0].scopes.external = false;
+        let objs = service_objects(&se, Family::V4, &[]);
+        let key = (NO_ENDPOINT_NODEPORTS, "tcp . 30080".to_owned());
+        assert_eq!(objs.elements[&key].1, json!({"drop": null}));
     }
 
     #[test]
