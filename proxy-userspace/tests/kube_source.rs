@@ -5,30 +5,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fake_apiserver::FakeApiServer;
+use common::fake_apiserver::{service_object as service, slice_object as slice, FakeApiServer};
 use common::Daemon;
 use ebpf_kube_proxy::localnet::client::{self, State};
-use serde_json::{json, Value};
-
-fn service(ns: &str, name: &str, ip: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Service",
-           "metadata": {"name": name, "namespace": ns},
-           "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP",
-                    "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}})
-}
-
-fn slice(ns: &str, svc: &str, ips: &[String]) -> Value {
-    let endpoints: Vec<Value> = ips
-        .iter()
-        .map(|ip| json!({"addresses": [ip], "nodeName": "n2", "conditions": {"ready": true}}))
-        .collect();
-    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-           "metadata": {"name": format!("{svc}-abc"), "namespace": ns,
-                        "labels": {"kubernetes.io/service-name": svc}},
-           "addressType": "IPv4",
-           "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-           "endpoints": endpoints})
-}
+use serde_json::json;
 
 fn names(s: &State) -> Vec<String> {
     s.services

@@ -6,29 +6,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fake_apiserver::FakeApiServer;
+use common::fake_apiserver::{service_object as service, slice_object as slice, FakeApiServer};
 use common::Daemon;
 use ebpf_kube_proxy::localnet::client;
 use serde_json::json;
-
-fn service(ns: &str, name: &str, ip: &str) -> serde_json::Value {
-    json!({"apiVersion": "v1", "kind": "Service",
-           "metadata": {"name": name, "namespace": ns},
-           "spec": {"clusterIP": ip, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
-}
-
-fn slice(ns: &str, svc: &str, ips: &[String]) -> serde_json::Value {
-    let endpoints: Vec<serde_json::Value> = ips
-        .iter()
-        .map(|ip| json!({"addresses": [ip], "nodeName": "n2"}))
-        .collect();
-    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-           "metadata": {"name": format!("{svc}-abc"), "namespace": ns,
-                        "labels": {"kubernetes.io/service-name": svc}},
-           "addressType": "IPv4",
-           "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-           "endpoints": endpoints})
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_services_with_ten_thousand_endpoints_sync_within_two_seconds() {

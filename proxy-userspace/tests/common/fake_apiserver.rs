@@ -319,7 +319,24 @@ fn handle(
     state: Arc<Mutex<State>>,
     changed: watch::Sender<u64>,
 ) -> Response<Body> {
-    state.lock().unwrap().requests += 1;
+    let down = {
+        let mut st = state.lock().unwrap();
+        st.requests += 1;
+        st.down
+    };
+    if down {
+        // A request on a connection opened before the outage: answer as a
+        // failing API server would, and drop the connection.
+        let mut r = full(
+            StatusCode::SERVICE_UNAVAILABLE,
+            status_body(503, "ServiceUnavailable", "down"),
+        );
+        r.headers_mut().insert(
+            "connection",
+            hyper::header::HeaderValue::from_static("close"),
+        );
+        return r;
+    }
     let path = req.uri().path().to_owned();
     let Some(&(_, list_kind, kind, api_version)) = COLLECTIONS.iter().find(|c| c.0 == path) else {
         return full(
@@ -422,4 +439,26 @@ fn handle(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
         .unwrap()
+}
+
+/// A ClusterIP Service object with one TCP port `http` 80 → 8080.
+pub fn service_object(ns: &str, name: &str, ip: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": name, "namespace": ns},
+           "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP",
+                    "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}})
+}
+
+/// An EndpointSlice of `svc` with ready endpoints at `ips` on node n2.
+pub fn slice_object(ns: &str, svc: &str, ips: &[String]) -> Value {
+    let endpoints: Vec<Value> = ips
+        .iter()
+        .map(|ip| json!({"addresses": [ip], "nodeName": "n2", "conditions": {"ready": true}}))
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": format!("{svc}-abc"), "namespace": ns,
+                        "labels": {"kubernetes.io/service-name": svc}},
+           "addressType": "IPv4",
+           "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+           "endpoints": endpoints})
 }

@@ -27,6 +27,8 @@ pub const POD_COUNT: usize = 3;
 /// Ports every netexec serves.
 pub const TCP_PORTS: &[u16] = &[8080, 8081, 8082];
 pub const UDP_PORTS: &[u16] = &[5353, 8080];
+/// The node's address as the outside client sees it.
+pub const NODE_EXTERNAL_IP: &str = "192.168.100.1";
 
 pub struct Pod {
     pub name: String,
@@ -38,6 +40,9 @@ pub struct Pod {
 pub struct Bed {
     pub prefix: String,
     pub node_netns: String,
+    /// A client outside the node, behind a veth: 192.168.100.2 talks to
+    /// the node's [`NODE_EXTERNAL_IP`].
+    pub outside_netns: String,
     pub pods: Vec<Pod>,
     pub cgroup: PathBuf,
     pub bpffs: PathBuf,
@@ -112,6 +117,7 @@ impl Bed {
         let xtask_bin = stable_copy_of_self(&dir)?;
         let mut bed = Bed {
             node_netns: format!("{prefix}-node"),
+            outside_netns: format!("{prefix}-outside"),
             pods: Vec::new(),
             cgroup,
             bpffs,
@@ -171,6 +177,42 @@ impl Bed {
             ip(&["-n", &node, "-6", "route", "add", "default", "dev", &dummy])?;
         }
         self.sysctl(&node, "net.ipv4.ip_forward", "1")?;
+        let outside = self.outside_netns.clone();
+        self.add_netns(&outside)?;
+        let uplink = format!("{}up", self.prefix);
+        ip(&[
+            "-n", &node, "link", "add", &uplink, "type", "veth", "peer", "name", "eth0", "netns",
+            &outside,
+        ])?;
+        ip(&[
+            "-n",
+            &node,
+            "addr",
+            "add",
+            &format!("{NODE_EXTERNAL_IP}/24"),
+            "dev",
+            &uplink,
+        ])?;
+        ip(&["-n", &node, "link", "set", &uplink, "up"])?;
+        ip(&[
+            "-n",
+            &outside,
+            "addr",
+            "add",
+            "192.168.100.2/24",
+            "dev",
+            "eth0",
+        ])?;
+        ip(&["-n", &outside, "link", "set", "eth0", "up"])?;
+        ip(&[
+            "-n",
+            &outside,
+            "route",
+            "add",
+            "default",
+            "via",
+            NODE_EXTERNAL_IP,
+        ])?;
         self.sysctl(&node, "net.ipv6.conf.all.forwarding", "1")?;
         for i in 1..=POD_COUNT {
             let pod = Pod {

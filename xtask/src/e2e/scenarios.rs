@@ -65,6 +65,10 @@ pub fn all() -> Vec<Scenario> {
             run: udp_endpoint_replaced,
         },
         Scenario {
+            name: "nodeport-from-outside-the-node",
+            run: nodeport_outside,
+        },
+        Scenario {
             name: "auto-falls-back-to-nftables",
             run: auto_fallback,
         },
@@ -700,6 +704,51 @@ fn udp_endpoint_replaced(bed: &mut Bed) -> Result<()> {
         tail.errors.first()
     );
     Ok(())
+}
+
+/// A client outside the node reaches a NodePort on the node's address,
+/// spread over the endpoints (eTP=Cluster).
+fn nodeport_outside(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode == "ebpf" {
+        println!(
+            "SKIP nodeport-from-outside-the-node [ebpf]: the eBPF datapath has no tc programs for node-external traffic yet"
+        );
+        return Ok(());
+    }
+    ensure_daemon(bed)?;
+    let svc = Svc {
+        name: "np",
+        cluster_ip: "10.96.0.80",
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "",
+    };
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: np, namespace: e2e}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.80\n  ports:\n  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30080}\n".to_owned();
+    bed.apply_manifests(&docs(&[
+        service,
+        slice_yaml(bed, &svc, false, &three_pods()),
+    ]))?;
+    let target = format!("{}:30080", super::bed::NODE_EXTERNAL_IP);
+    let outside = bed.outside_netns.clone();
+    let started = Instant::now();
+    loop {
+        let lines = bed.client(
+            Some(&outside),
+            &["--proto", "tcp", "--target", &target, "--count", "1"],
+        )?;
+        if Results::parse(&lines).ok_count() == 1 {
+            break;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(5),
+            "{target} not served from outside within 5 s: {lines:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let lines = bed.client(
+        Some(&outside),
+        &["--proto", "tcp", "--target", &target, "--count", "90"],
+    )?;
+    assert_spread(&Results::parse(&lines), 90, &["pod1", "pod2", "pod3"], 0.1)
 }
 
 /// `--proxy-mode auto` with eBPF made to fail (test hook): one log line

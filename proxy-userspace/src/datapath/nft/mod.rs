@@ -512,14 +512,14 @@ pub fn dump_text() -> Result<String, NftError> {
             if let Some(map) = o.get("map") {
                 let name = map["name"].as_str().unwrap_or_default();
                 for elem in map["elem"].as_array().into_iter().flatten() {
-                    let target = elem[1]["goto"]["target"].as_str().unwrap_or_default();
-                    let service = rules::service_of(target).unwrap_or_else(|| {
-                        if target == "reject-chain" {
-                            "(no endpoints)".to_owned()
-                        } else {
-                            target.to_owned()
-                        }
-                    });
+                    // Elements without a service chain are the no-endpoint
+                    // verdicts (reject-chain, drop).
+                    let target = match elem[1]["goto"]["target"].as_str() {
+                        Some(t) => t.to_owned(),
+                        None => elem[1].to_string(),
+                    };
+                    let service =
+                        rules::service_of(&target).unwrap_or_else(|| "(no endpoints)".to_owned());
                     per_service
                         .entry(service)
                         .or_default()
