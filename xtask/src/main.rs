@@ -58,8 +58,8 @@ fn e2e_suite(root: &Path, opts: &e2e::Options) -> Result<()> {
         ebpf::build(root, true)?;
     }
     run(cargo().args(["build", "--bin", "ebpf-kube-proxy"]))?;
-    let (passed, failed) = e2e::run(root, opts)?;
-    println!("{passed} passed, {failed} failed");
+    let (passed, failed, skipped) = e2e::run(root, opts)?;
+    println!("{passed} passed, {failed} failed, {skipped} skipped");
     if failed > 0 {
         bail!("{failed} e2e scenario(s) failed");
     }

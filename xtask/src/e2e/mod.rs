@@ -72,8 +72,8 @@ fn preflight() -> Result<()> {
     Ok(())
 }
 
-/// Runs the suite; returns (passed, failed).
-pub fn run(root: &Path, opts: &Options) -> Result<(usize, usize)> {
+/// Runs the suite; returns (passed, failed, skipped).
+pub fn run(root: &Path, opts: &Options) -> Result<(usize, usize, usize)> {
     preflight()?;
     let daemon_bin = root.join("target/debug/ebpf-kube-proxy");
     let mut bed = bed::Bed::new(&opts.proxy_mode, daemon_bin)?;
@@ -82,7 +82,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<(usize, usize)> {
         opts.proxy_mode,
         bed::describe(&bed)
     );
-    let (mut passed, mut failed) = (0, 0);
+    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     for s in scenarios::all() {
         if let Some(f) = &opts.filter {
             if !s.name.contains(f.as_str()) {
@@ -99,6 +99,10 @@ pub fn run(root: &Path, opts: &Options) -> Result<(usize, usize)> {
                     opts.proxy_mode,
                     started.elapsed().as_secs_f64()
                 );
+            }
+            Err(e) if e.downcast_ref::<scenarios::Skip>().is_some() => {
+                skipped += 1;
+                println!("SKIP {} [{}]: {e}", s.name, opts.proxy_mode);
             }
             Err(e) => {
                 failed += 1;
@@ -117,5 +121,5 @@ pub fn run(root: &Path, opts: &Options) -> Result<(usize, usize)> {
         }
     }
     drop(bed);
-    Ok((passed, failed))
+    Ok((passed, failed, skipped))
 }

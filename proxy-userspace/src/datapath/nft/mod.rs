@@ -22,6 +22,8 @@ pub mod conntrack;
 pub mod rules;
 
 use std::collections::{BTreeMap, HashMap};
+#[cfg(test)]
+use std::net::IpAddr;
 use std::time::Instant;
 
 use serde_json::{json, Value};
@@ -701,6 +703,62 @@ mod tests {
 
             assert_eq!(cleanup().unwrap(), ["ip", "ip6"]);
             assert!(!is_programmed());
+        });
+    }
+
+    /// Timing of a full and a one-endpoint sync at scale; run with
+    /// `EKP_NFT_SCALE=SERVICES cargo test -p proxy-userspace --lib
+    /// nft_sync_timing -- --ignored --nocapture` (10 endpoints each).
+    #[test]
+    #[ignore = "timing, needs root"]
+    fn nft_sync_timing() {
+        use rules::tests::{endpoint, web};
+        let services: u32 = std::env::var("EKP_NFT_SCALE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000);
+        let state = |n_eps: u32| LocalState {
+            services: (0..services)
+                .map(|i| {
+                    let mut se = web(
+                        (0..n_eps.min(10))
+                            .map(|e| {
+                                endpoint(
+                                    &format!(
+                                        "10.{}.{}.{}",
+                                        100 + i / 65536,
+                                        (i / 256) % 256,
+                                        (i % 256) / 26 * 10 + e
+                                    ),
+                                    true,
+                                )
+                            })
+                            .collect(),
+                        None,
+                    );
+                    se.service.key.name = format!("svc{i:06}");
+                    se.service.cluster_ips = crate::model::IpSet::from_ips(&[IpAddr::V4(
+                        std::net::Ipv4Addr::from(0x0a60_0000 + i),
+                    )]);
+                    se
+                })
+                .collect(),
+        };
+        in_private_netns(|| {
+            let full = state(10);
+            let mut dp = NftDatapath::open(Vec::new()).unwrap();
+            let t = Instant::now();
+            dp.apply(&LocalState::default(), &full).unwrap();
+            let full_time = t.elapsed();
+            let mut one = full.clone();
+            one.services[0].endpoints.pop();
+            let t = Instant::now();
+            dp.apply(&full, &one).unwrap();
+            println!(
+                "{services} services x 10 endpoints: full sync {full_time:?}, one endpoint removed {:?}",
+                t.elapsed()
+            );
+            cleanup().unwrap();
         });
     }
 
