@@ -98,6 +98,7 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
 
     let (source_tx, source_rx) = sources::channel();
     let (snapshot_tx, snapshot_rx) = sync::snapshot_channel();
+    let hcnp_snapshots = snapshot_rx.clone();
     let (pods_tx, pods_rx) = sync::pod_snapshot_channel();
     let node = NodeContext {
         node_name: config.node_name.clone(),
@@ -168,6 +169,13 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
                 .map_err(Into::into)
         });
     }
+    tasks.spawn({
+        let (status, snapshots, cancel) = (status.clone(), hcnp_snapshots, shutdown.clone());
+        async move {
+            crate::status::hcnp::run(status, snapshots, cancel).await;
+            Ok(())
+        }
+    });
 
     let mut result = Ok(());
     let mut signalled = true;

@@ -11,6 +11,7 @@
 pub mod checks;
 pub mod flagz;
 pub mod format;
+pub mod hcnp;
 pub mod health;
 pub mod metrics;
 pub mod negotiate;
@@ -354,6 +355,11 @@ impl Status {
     }
 
     // ---- readers ----
+
+    /// §4.1 `healthy`: no change pending longer than the health timeout.
+    pub fn healthy(&self) -> bool {
+        self.tracker().healthy(std::time::Instant::now())
+    }
 
     /// Runs one component check; `Err` carries the reason.
     pub fn check(&self, check: Check) -> Result<(), String> {
