@@ -149,6 +149,15 @@ fn slice_yaml(bed: &Bed, svc: &Svc, v6: bool, members: &[(usize, &str)]) -> Stri
     y
 }
 
+/// Writes `svc` and one EndpointSlice of it with `members` as the
+/// scenario's manifests.
+fn apply_service(bed: &Bed, svc: &Svc, v6: bool, members: &[(usize, &str)]) -> Result<()> {
+    bed.apply_manifests(&docs(&[
+        service_yaml(svc),
+        slice_yaml(bed, svc, v6, members),
+    ]))
+}
+
 fn docs(parts: &[String]) -> String {
     parts.join("---\n")
 }
@@ -319,10 +328,7 @@ fn pods_reachable(bed: &mut Bed) -> Result<()> {
 
 fn clusterip_tcp(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
-    bed.apply_manifests(&docs(&[
-        service_yaml(&WEB),
-        slice_yaml(bed, &WEB, false, &three_pods()),
-    ]))?;
+    apply_service(bed, &WEB, false, &three_pods())?;
     wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
     let r = request(bed, "tcp", "10.96.0.10:80", 300)?;
     assert_spread(&r, 300, &["pod1", "pod2", "pod3"], 0.15)?;
@@ -337,10 +343,7 @@ fn clusterip_udp(bed: &mut Bed) -> Result<()> {
         ports: &[("dns", "UDP", 53, 5353)],
         extra_spec: "",
     };
-    bed.apply_manifests(&docs(&[
-        service_yaml(&dns),
-        slice_yaml(bed, &dns, false, &three_pods()),
-    ]))?;
+    apply_service(bed, &dns, false, &three_pods())?;
     wait_until_served(bed, "udp", "10.96.0.53:53", Duration::from_secs(5))?;
     let r = request(bed, "udp", "10.96.0.53:53", 300)?;
     assert_spread(&r, 300, &["pod1", "pod2", "pod3"], 0.15)?;
@@ -361,10 +364,7 @@ fn multi_port(bed: &mut Bed) -> Result<()> {
         ],
         extra_spec: "",
     };
-    bed.apply_manifests(&docs(&[
-        service_yaml(&svc),
-        slice_yaml(bed, &svc, false, &three_pods()),
-    ]))?;
+    apply_service(bed, &svc, false, &three_pods())?;
     wait_until_served(bed, "tcp", "10.96.0.20:80", Duration::from_secs(5))?;
     for (proto, target, backend_port) in [
         ("tcp", "10.96.0.20:80", 8080),
@@ -387,16 +387,10 @@ fn multi_port(bed: &mut Bed) -> Result<()> {
 fn endpoint_churn(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
     let all = three_pods();
-    bed.apply_manifests(&docs(&[
-        service_yaml(&WEB),
-        slice_yaml(bed, &WEB, false, &all),
-    ]))?;
+    apply_service(bed, &WEB, false, &all)?;
     wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
 
-    bed.apply_manifests(&docs(&[
-        service_yaml(&WEB),
-        slice_yaml(bed, &WEB, false, &all[..2]),
-    ]))?;
+    apply_service(bed, &WEB, false, &all[..2])?;
     std::thread::sleep(Duration::from_secs(1));
     let r = request(bed, "tcp", "10.96.0.10:80", 100)?;
     ensure!(r.errors.is_empty(), "{:?}", r.errors.first());
@@ -407,10 +401,7 @@ fn endpoint_churn(bed: &mut Bed) -> Result<()> {
     );
 
     let added = Instant::now();
-    bed.apply_manifests(&docs(&[
-        service_yaml(&WEB),
-        slice_yaml(bed, &WEB, false, &all),
-    ]))?;
+    apply_service(bed, &WEB, false, &all)?;
     loop {
         let r = request(bed, "tcp", "10.96.0.10:80", 10)?;
         if r.pods().contains_key("pod3") {
@@ -434,15 +425,9 @@ fn no_endpoints(bed: &mut Bed) -> Result<()> {
     };
     // Program it with an endpoint first, so "refused" is the datapath's
     // answer for an empty service and not a missing service.
-    bed.apply_manifests(&docs(&[
-        service_yaml(&empty),
-        slice_yaml(bed, &empty, false, &[(0, "node-1")]),
-    ]))?;
+    apply_service(bed, &empty, false, &[(0, "node-1")])?;
     wait_until_served(bed, "tcp", "10.96.0.30:80", Duration::from_secs(5))?;
-    bed.apply_manifests(&docs(&[
-        service_yaml(&empty),
-        slice_yaml(bed, &empty, false, &[]),
-    ]))?;
+    apply_service(bed, &empty, false, &[])?;
     let started = Instant::now();
     loop {
         let r = request(bed, "tcp", "10.96.0.30:80", 1)?;
@@ -480,10 +465,7 @@ fn session_affinity(bed: &mut Bed) -> Result<()> {
         ports: &[("http", "TCP", 80, 8080)],
         extra_spec: "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 1}}\n",
     };
-    bed.apply_manifests(&docs(&[
-        service_yaml(&svc),
-        slice_yaml(bed, &svc, false, &three_pods()),
-    ]))?;
+    apply_service(bed, &svc, false, &three_pods())?;
     wait_until_served(bed, "tcp", "10.96.0.40:80", Duration::from_secs(5))?;
     let r = request(bed, "tcp", "10.96.0.40:80", 50)?;
     ensure!(r.errors.is_empty(), "{:?}", r.errors.first());
@@ -521,10 +503,7 @@ fn itp_local(bed: &mut Bed) -> Result<()> {
         ports: &[("http", "TCP", 80, 8080)],
         extra_spec: "  internalTrafficPolicy: Local\n",
     };
-    bed.apply_manifests(&docs(&[
-        service_yaml(&svc),
-        slice_yaml(bed, &svc, false, &three_pods()),
-    ]))?;
+    apply_service(bed, &svc, false, &three_pods())?;
     wait_until_served(bed, "tcp", "10.96.0.50:80", Duration::from_secs(5))?;
     let r = request(bed, "tcp", "10.96.0.50:80", 100)?;
     ensure!(r.errors.is_empty(), "{:?}", r.errors.first());
@@ -545,10 +524,7 @@ fn ipv6(bed: &mut Bed) -> Result<()> {
         ports: &[("http", "TCP", 80, 8080), ("dns", "UDP", 53, 5353)],
         extra_spec: "  ipFamilies: [IPv6]\n",
     };
-    bed.apply_manifests(&docs(&[
-        service_yaml(&svc),
-        slice_yaml(bed, &svc, true, &three_pods()),
-    ]))?;
+    apply_service(bed, &svc, true, &three_pods())?;
     wait_until_served(bed, "tcp", "[fd00:96::10]:80", Duration::from_secs(5))?;
     let r = request(bed, "tcp", "[fd00:96::10]:80", 150)?;
     assert_spread(&r, 150, &["pod1", "pod2", "pod3"], 0.15)?;
@@ -560,10 +536,7 @@ fn ipv6(bed: &mut Bed) -> Result<()> {
 
 fn restart(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
-    bed.apply_manifests(&docs(&[
-        service_yaml(&WEB),
-        slice_yaml(bed, &WEB, false, &three_pods()),
-    ]))?;
+    apply_service(bed, &WEB, false, &three_pods())?;
     wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
     let mut client = bed.spawn_client(
         None,
@@ -677,10 +650,7 @@ fn udp_endpoint_replaced(bed: &mut Bed) -> Result<()> {
         ports: &[("dns", "UDP", 53, 5353)],
         extra_spec: "",
     };
-    bed.apply_manifests(&docs(&[
-        service_yaml(&svc),
-        slice_yaml(bed, &svc, false, &[(0, "node-1")]),
-    ]))?;
+    apply_service(bed, &svc, false, &[(0, "node-1")])?;
     wait_until_served(bed, "udp", "10.96.0.70:53", Duration::from_secs(5))?;
     let client = bed.spawn_client(
         None,
@@ -699,10 +669,7 @@ fn udp_endpoint_replaced(bed: &mut Bed) -> Result<()> {
         ],
     )?;
     std::thread::sleep(Duration::from_millis(1000));
-    bed.apply_manifests(&docs(&[
-        service_yaml(&svc),
-        slice_yaml(bed, &svc, false, &[(1, "node-1")]),
-    ]))?;
+    apply_service(bed, &svc, false, &[(1, "node-1")])?;
     let out = client.wait_with_output()?;
     let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -777,10 +744,7 @@ fn auto_fallback(bed: &mut Bed) -> Result<()> {
         "1".to_owned(),
     )];
     let result = (|| -> Result<()> {
-        bed.apply_manifests(&docs(&[
-            service_yaml(&WEB),
-            slice_yaml(bed, &WEB, false, &three_pods()),
-        ]))?;
+        apply_service(bed, &WEB, false, &three_pods())?;
         bed.start_daemon()?;
         wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
         let r = request(bed, "tcp", "10.96.0.10:80", 60)?;
@@ -808,10 +772,7 @@ fn auto_fallback(bed: &mut Bed) -> Result<()> {
 
 fn cleanup(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
-    bed.apply_manifests(&docs(&[
-        service_yaml(&WEB),
-        slice_yaml(bed, &WEB, false, &three_pods()),
-    ]))?;
+    apply_service(bed, &WEB, false, &three_pods())?;
     wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
     bed.stop_daemon()?;
     bed.cleanup_command()?;
