@@ -119,7 +119,7 @@ pub async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
             "nftables: removed table ebpf-kube-proxy ({})",
             removed.join(", ")
         ),
-        // No nft on this node: nothing of ours can be there.
+        // No nf_tables in this kernel: nothing of ours can be there.
         Err(e) => println!("nftables: skipped ({e})"),
     }
     let report = ebpf::cleanup(&args.bpffs_root).context("cleanup")?;

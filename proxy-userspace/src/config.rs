@@ -104,8 +104,27 @@ impl Config {
         };
         let cluster_cidrs = parse_cidr_list(&f.cluster_cidr)
             .map_err(|r| err("cluster-cidr", &f.cluster_cidr, r))?;
-        let nodeport_addresses = parse_cidr_list(&f.nodeport_addresses)
-            .map_err(|r| err("nodeport-addresses", &f.nodeport_addresses, r))?;
+        // kube-proxy also takes `primary` (the node's primary IPs). That
+        // narrowing is not built: node ports then answer on every local
+        // address, as with an empty list, rather than failing a
+        // configuration written for kube-proxy.
+        let (primary, cidrs): (Vec<&str>, Vec<&str>) = f
+            .nodeport_addresses
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .partition(|p| *p == "primary");
+        if !primary.is_empty() {
+            tracing::warn!(
+                "--nodeport-addresses primary is not supported; node ports answer on every local address"
+            );
+        }
+        let nodeport_addresses = if primary.is_empty() {
+            parse_cidr_list(&cidrs.join(","))
+                .map_err(|r| err("nodeport-addresses", &f.nodeport_addresses, r))?
+        } else {
+            Vec::new()
+        };
         let proxy_mode = f.proxy_mode;
         let source = match f.source {
             SourceKind::File => match &f.manifests {
@@ -219,6 +238,32 @@ mod tests {
         );
         assert_eq!(c.sync_period, Duration::from_secs(30));
         assert_eq!(c.proxy_mode, ProxyMode::Auto);
+    }
+
+    #[test]
+    fn nodeport_addresses_take_cidrs_and_kube_proxys_primary() {
+        let file = ["--source", "file", "--manifests", "/m"];
+        let c = parse(
+            &[
+                &file[..],
+                &["--nodeport-addresses", "10.0.0.0/8, fd00::/64"],
+            ]
+            .concat(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.nodeport_addresses,
+            vec![
+                "10.0.0.0/8".parse::<Cidr>().unwrap(),
+                "fd00::/64".parse().unwrap()
+            ]
+        );
+        let c = parse(&[&file[..], &["--nodeport-addresses", "primary"]].concat()).unwrap();
+        assert!(c.nodeport_addresses.is_empty());
+        let e = parse(&[&file[..], &["--nodeport-addresses", "10.0.0.0/33"]].concat())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nodeport-addresses"), "{e}");
     }
 
     #[test]

@@ -145,7 +145,11 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
         status.clone(),
     ));
     {
-        let service = LocalnetService::new(instance_id, snapshot_rx, shutdown.clone());
+        let service = LocalnetService::new(instance_id, snapshot_rx, shutdown.clone())
+            .with_metrics(
+                crate::localnet::metrics::LocalnetMetrics::register(status.metrics().registry())
+                    .context("registering the localnet metrics")?,
+            );
         let cancel = shutdown.clone();
         let status = status.clone();
         tasks.spawn(async move {
@@ -238,6 +242,7 @@ fn select_datapath(config: &Config) -> anyhow::Result<(Box<dyn Datapath>, Datapa
         bpffs_root: config.bpffs_root.clone(),
         cgroup_path: config.cgroup_path.clone(),
         cluster_cidrs: config.cluster_cidrs.clone(),
+        nodeport_addresses: config.nodeport_addresses.clone(),
     })
     .with_context(|| format!("--proxy-mode {}", config.proxy_mode))
 }
@@ -261,6 +266,7 @@ async fn run_datapath(
                 Ok(stats) => {
                     let elapsed = started.elapsed();
                     status.datapath_applied(snapshot.rev, &snapshot.state, elapsed);
+                    status.set_map_entries(&datapath.map_entries());
                     tracing::debug!(rev = snapshot.rev, mode = %datapath.mode(), services_changed = stats.services_changed, ?elapsed, "datapath applied");
                     programmed = snapshot.state.clone();
                 }

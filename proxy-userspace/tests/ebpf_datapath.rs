@@ -403,6 +403,11 @@ fn cluster_ip_traffic_is_balanced_in_the_kernel_and_survives_a_restart() {
     ]);
     dp.apply(&LocalState::default(), &s1).expect("apply");
     assert_eq!(loader::attached_programs(&env.cgroup).unwrap(), 8);
+    let entries = dp.map_entries();
+    assert!(
+        entries.iter().all(|(_, n)| *n > 0) && entries.len() == 2,
+        "{entries:?}"
+    );
 
     // TCP through connect4; the application sees the service address.
     let r = env.client(true, &["tcp", "10.96.0.10", "80"]);

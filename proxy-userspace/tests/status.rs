@@ -1254,3 +1254,89 @@ fn a_busy_status_address_fails_startup_naming_the_flag() {
         "{log}"
     );
 }
+
+/// `ebpf_kube_proxy_localnet_clients{rpc}` counts open calls (a watcher, a
+/// waiting poll) and `_localnet_requests_total{rpc,code}` finished ones by
+/// their gRPC status.
+#[tokio::test]
+async fn localnet_calls_are_counted_by_rpc_and_status() {
+    use ebpf_kube_proxy::localnet::client;
+    use proto::localnet::v1 as pb;
+    use tokio_stream::StreamExt;
+
+    let d = start_web(&[]);
+    wait_ready(&d);
+    let mut c = d.tcp().await;
+    let state = client::next(&mut c, 0, 0).await.unwrap();
+
+    // A watcher that stays, and a poll that waits for a newer state.
+    let mut watch = c
+        .watch(pb::WatchRequest {
+            instance_id: 0,
+            rev: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    watch.next().await.unwrap().unwrap();
+    let mut poller = c.clone();
+    let (instance_id, rev) = (state.instance_id, state.rev);
+    let waiting = tokio::spawn(async move {
+        let mut req = tonic::Request::new(pb::NextFilter { instance_id, rev });
+        req.set_timeout(Duration::from_millis(1500));
+        poller.next(req).await.map(drop)
+    });
+    let open = |m: &str, rpc: &str| {
+        metric(
+            m,
+            &format!("ebpf_kube_proxy_localnet_clients{{rpc=\"{rpc}\"}}"),
+        )
+    };
+    let m = tokio::task::spawn_blocking({
+        let addr = d.metrics;
+        move || {
+            wait_for(
+                "a waiting poll and a watcher",
+                Duration::from_secs(5),
+                || {
+                    let m = get(addr, "/metrics").text();
+                    (metric(&m, "ebpf_kube_proxy_localnet_clients{rpc=\"Next\"}") == Some(1.0)
+                        && metric(&m, "ebpf_kube_proxy_localnet_clients{rpc=\"Watch\"}")
+                            == Some(1.0))
+                    .then_some(m)
+                },
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(open(&m, "Watch"), Some(1.0));
+
+    let err = waiting
+        .await
+        .unwrap()
+        .expect_err("nothing new within the deadline");
+    assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err}");
+    drop(watch);
+    let m = tokio::task::spawn_blocking({
+        let addr = d.metrics;
+        move || {
+            wait_for("the calls to end", Duration::from_secs(5), || {
+                let m = get(addr, "/metrics").text();
+                (metric(&m, "ebpf_kube_proxy_localnet_clients{rpc=\"Next\"}") == Some(0.0)
+                    && metric(&m, "ebpf_kube_proxy_localnet_clients{rpc=\"Watch\"}") == Some(0.0))
+                .then_some(m)
+            })
+        }
+    })
+    .await
+    .unwrap();
+    for (series, value) in [
+        ("{code=\"OK\",rpc=\"Next\"}", 1.0),
+        ("{code=\"DEADLINE_EXCEEDED\",rpc=\"Next\"}", 1.0),
+        ("{code=\"CANCELLED\",rpc=\"Watch\"}", 1.0),
+    ] {
+        let name = format!("ebpf_kube_proxy_localnet_requests_total{series}");
+        assert_eq!(metric(&m, &name), Some(value), "{name}\n{m}");
+    }
+}

@@ -49,10 +49,9 @@ fn e2e_command(root: &Path, args: &[String]) -> Result<()> {
 /// Builds what the suite runs (the eBPF object first, so the daemon embeds
 /// it), runs it and prints the closing `N passed, N failed` line.
 fn e2e_suite(root: &Path, opts: &e2e::Options) -> Result<()> {
-    // The nftables datapath (and `auto`'s fallback to it) runs `nft`, and
-    // `conntrack` for the UDP cleanup.
+    // `dump` and `cleanup` of the nftables datapath run `nft`.
     if is_root() {
-        ensure_debian_packages(&[("nft", "nftables"), ("conntrack", "conntrack")])?;
+        ensure_debian_packages(&[("nft", "nftables")])?;
     }
     if opts.proxy_mode == "ebpf" || opts.proxy_mode == "auto" {
         ebpf::build(root, true)?;
@@ -129,6 +128,8 @@ fn test(root: &Path) -> Result<()> {
         ("shellcheck", "shellcheck"),
         ("ip", "iproute2"),
         ("nsenter", "util-linux"),
+        // nft for `dump`/`cleanup` and the ruleset listings the tests
+        // compare; conntrack to create entries in the cleanup test.
         ("nft", "nftables"),
         ("conntrack", "conntrack"),
     ])?;
@@ -282,21 +283,29 @@ fn demo(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `cargo xtask bench [--only localstate|datapath]`.
+/// `cargo xtask bench [--only localstate|nftables|datapath]`.
 fn bench(root: &Path, args: &[String]) -> Result<()> {
     let only = args
         .iter()
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .map(String::as_str);
-    if only != Some("datapath") {
+    if only.is_none() || only == Some("localstate") {
         run(cargo().args(["bench", "-p", "proxy-userspace", "--bench", "localstate"]))?;
     }
     if only == Some("localstate") {
         return Ok(());
     }
     if !is_root() {
-        println!("datapath benchmarks skipped: they need root (network namespaces, eBPF)");
+        println!(
+            "datapath benchmarks skipped: they need root (network namespaces, eBPF, nftables)"
+        );
+        return Ok(());
+    }
+    if only.is_none() || only == Some("nftables") {
+        run(cargo().args(["bench", "-p", "proxy-userspace", "--bench", "nftsync"]))?;
+    }
+    if only == Some("nftables") {
         return Ok(());
     }
     ebpf::build(root, true)?;

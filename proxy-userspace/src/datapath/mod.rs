@@ -72,6 +72,11 @@ pub trait Datapath: Send {
     ) -> Result<(), prometheus::Error> {
         Ok(())
     }
+    /// Entries per kernel map (or nftables map/set) after the last apply,
+    /// for `ebpf_kube_proxy_datapath_map_entries{map}`.
+    fn map_entries(&self) -> Vec<(&'static str, usize)> {
+        Vec::new()
+    }
 }
 
 /// Which datapath runs, and why when it is not the one asked for.
@@ -97,6 +102,9 @@ pub struct DatapathConfig {
     /// `--cluster-cidr`: nftables masquerades traffic to services from
     /// outside these.
     pub cluster_cidrs: Vec<Cidr>,
+    /// `--nodeport-addresses`: node ports answer only on local addresses
+    /// inside these (empty: every local address).
+    pub nodeport_addresses: Vec<Cidr>,
 }
 
 /// Test hook, read from the environment: `auto` behaves as if eBPF could
@@ -137,14 +145,19 @@ pub fn select(
                 Ok(dp) => Ok((Box::new(dp), choice(ProxyMode::Ebpf, None))),
                 Err(e) => {
                     tracing::warn!(reason = %e, class = e.class(), "proxy-mode auto: eBPF datapath unavailable, falling back to nftables");
-                    let dp = nft::NftDatapath::open(config.cluster_cidrs.clone())?;
+                    let dp = nft::NftDatapath::open(config.cluster_cidrs.clone())?
+                        .with_nodeport_addresses(config.nodeport_addresses.clone())
+                        .with_note(format!(
+                            "proxy-mode auto fell back to nftables: eBPF datapath unavailable: {e}"
+                        ));
                     Ok((Box::new(dp), choice(ProxyMode::Nftables, Some(&e))))
                 }
             }
         }
         ProxyMode::None => Ok((Box::new(none::NoneDatapath), choice(ProxyMode::None, None))),
         ProxyMode::Nftables => {
-            let dp = nft::NftDatapath::open(config.cluster_cidrs.clone())?;
+            let dp = nft::NftDatapath::open(config.cluster_cidrs.clone())?
+                .with_nodeport_addresses(config.nodeport_addresses.clone());
             Ok((Box::new(dp), choice(ProxyMode::Nftables, None)))
         }
     }

@@ -3,5 +3,6 @@
 
 pub mod client;
 pub mod convert;
+pub mod metrics;
 pub mod render;
 pub mod server;

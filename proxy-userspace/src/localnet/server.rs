@@ -89,6 +89,7 @@ pub struct LocalnetService {
     instance_id: u64,
     frames: watch::Receiver<Arc<Frame>>,
     shutdown: CancellationToken,
+    metrics: Option<super::metrics::LocalnetMetrics>,
 }
 
 impl LocalnetService {
@@ -127,6 +128,23 @@ impl LocalnetService {
             instance_id,
             frames,
             shutdown,
+            metrics: None,
+        }
+    }
+
+    /// Counts calls in the `ebpf_kube_proxy_localnet_*` families.
+    pub fn with_metrics(mut self, metrics: super::metrics::LocalnetMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn open(&self, rpc: &'static str) -> Option<super::metrics::OpenCall> {
+        self.metrics.as_ref().map(|m| m.open(rpc))
+    }
+
+    fn finished(&self, rpc: &'static str, code: tonic::Code) {
+        if let Some(m) = &self.metrics {
+            m.finished(rpc, code);
         }
     }
 
@@ -165,14 +183,27 @@ impl Endpoints for LocalnetService {
         &self,
         request: Request<pb::NextFilter>,
     ) -> Result<Response<Self::NextStream>, Status> {
+        let open = self.open("Next");
         let deadline = grpc_timeout(request.metadata());
         let pb::NextFilter { instance_id, rev } = request.into_inner();
-        let frame = match deadline {
-            None => self.wait_for_frame(instance_id, rev).await?,
+        let waited = match deadline {
+            None => self.wait_for_frame(instance_id, rev).await,
             Some(d) => tokio::time::timeout(d, self.wait_for_frame(instance_id, rev))
                 .await
-                .map_err(|_| Status::deadline_exceeded("no new state before the deadline"))??,
+                .unwrap_or_else(|_| {
+                    Err(Status::deadline_exceeded(
+                        "no new state before the deadline",
+                    ))
+                }),
         };
+        let frame = match waited {
+            Ok(f) => f,
+            Err(status) => {
+                self.finished("Next", status.code());
+                return Err(status);
+            }
+        };
+        self.finished("Next", tonic::Code::Ok);
         let head = pb::NextItem {
             item: Some(pb::next_item::Item::Next(pb::NextFilter {
                 instance_id: self.instance_id,
@@ -185,7 +216,11 @@ impl Endpoints for LocalnetService {
                 item: Some(pb::next_item::Item::Endpoints(frame.services[i].clone())),
             })
         });
-        let items = std::iter::once(Ok(head)).chain(services);
+        // The call stays open until the client has the whole state (or
+        // went away): the guard lives in the stream.
+        let items = std::iter::once(Ok(head)).chain(services).inspect(move |_| {
+            let _ = &open;
+        });
         Ok(Response::new(Box::pin(tokio_stream::iter(items))))
     }
 
@@ -197,44 +232,64 @@ impl Endpoints for LocalnetService {
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         let this = self.clone();
         let mut frames = self.frames.clone();
+        let open = self.open("Watch");
         // Headers go out at once; the first frame follows when there is one
         // the client does not hold yet.
         tokio::spawn(async move {
+            let code = this.watch_loop(&tx, &mut frames, instance_id, rev).await;
+            this.finished("Watch", code);
+            drop(open);
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+impl LocalnetService {
+    /// Streams frames to one watcher; returns how the call ended.
+    async fn watch_loop(
+        &self,
+        tx: &mpsc::Sender<Result<pb::WatchEvent, Status>>,
+        frames: &mut watch::Receiver<Arc<Frame>>,
+        instance_id: u64,
+        rev: u64,
+    ) -> tonic::Code {
+        let this = self;
+        {
             let first = tokio::select! {
                 f = this.wait_for_frame(instance_id, rev) => f,
-                _ = tx.closed() => return,
+                _ = tx.closed() => return tonic::Code::Cancelled,
             };
             let mut sent_rev = match first {
                 Ok(frame) => {
-                    if send_frame(&tx, this.instance_id, &frame).await.is_err() {
-                        return;
+                    if send_frame(tx, this.instance_id, &frame).await.is_err() {
+                        return tonic::Code::Cancelled;
                     }
                     frame.rev
                 }
                 Err(status) => {
+                    let code = status.code();
                     let _ = tx.send(Err(status)).await;
-                    return;
+                    return code;
                 }
             };
             loop {
                 let changed = tokio::select! {
                     _ = this.shutdown.cancelled() => None,
-                    _ = tx.closed() => return,
+                    _ = tx.closed() => return tonic::Code::Cancelled,
                     r = frames.wait_for(|f| f.rev != sent_rev && f.rev >= 1) => r.ok().map(|f| f.clone()),
                 };
                 let Some(frame) = changed else {
                     let _ = tx
                         .send(Err(Status::unavailable("server shutting down")))
                         .await;
-                    return;
+                    return tonic::Code::Unavailable;
                 };
-                if send_frame(&tx, this.instance_id, &frame).await.is_err() {
-                    return;
+                if send_frame(tx, this.instance_id, &frame).await.is_err() {
+                    return tonic::Code::Cancelled;
                 }
                 sent_rev = frame.rev;
             }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        }
     }
 }
 

@@ -46,6 +46,7 @@ pub struct Metrics {
     pub datapath_mode: IntGaugeVec,
     pub datapath_fallbacks: IntCounterVec,
     pub datapath_apply_errors: IntCounterVec,
+    pub datapath_map_entries: IntGaugeVec,
     pub localstate_revision: IntGauge,
     pub localstate_services: IntGauge,
     pub localstate_endpoints: IntGauge,
@@ -243,6 +244,16 @@ impl Metrics {
                 &["mode"],
             )?,
         )?;
+        let datapath_map_entries = register(
+            r,
+            IntGaugeVec::new(
+                Opts::new(
+                    "ebpf_kube_proxy_datapath_map_entries",
+                    alpha("Entries per datapath map after the last apply"),
+                ),
+                &["map"],
+            )?,
+        )?;
         let localstate_revision = register(
             r,
             IntGauge::new(
@@ -310,6 +321,7 @@ impl Metrics {
             datapath_mode,
             datapath_fallbacks,
             datapath_apply_errors,
+            datapath_map_entries,
             localstate_revision,
             localstate_services,
             localstate_endpoints,

@@ -336,6 +336,16 @@ impl Status {
             .inc();
     }
 
+    /// `ebpf_kube_proxy_datapath_map_entries{map}` after an apply.
+    pub fn set_map_entries(&self, entries: &[(&'static str, usize)]) {
+        for (map, n) in entries {
+            self.metrics
+                .datapath_map_entries
+                .with_label_values(&[map])
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
+    }
+
     pub fn datapath_apply_failed(&self) {
         self.metrics
             .datapath_apply_errors

@@ -5,7 +5,11 @@
 //!     │  vhN: routed veth (Calico style)                 inside the test cgroup
 //!     ├── pod1 netns  eth0 10.244.1.11 fd00:244::11  netexec
 //!     ├── pod2 netns  eth0 10.244.1.12 fd00:244::12  netexec
-//!     └── pod3 netns  eth0 10.244.1.13 fd00:244::13  netexec
+//!     ├── pod3 netns  eth0 10.244.1.13 fd00:244::13  netexec
+//!     │  up: plain veth, the node's uplink
+//!     └── outside netns  eth0 192.168.100.2/24 fd00:192:168:100::2/64
+//!                        (node side 192.168.100.1, fd00:192:168:100::1;
+//!                        default routes of both families via the node)
 //! ```
 //!
 //! Pods reach the node through a /32 route and a default route via
@@ -29,6 +33,10 @@ pub const TCP_PORTS: &[u16] = &[8080, 8081, 8082];
 pub const UDP_PORTS: &[u16] = &[5353, 8080];
 /// The node's address as the outside client sees it.
 pub const NODE_EXTERNAL_IP: &str = "192.168.100.1";
+/// The node's IPv6 address as the outside client sees it.
+pub const NODE_EXTERNAL_IPV6: &str = "fd00:192:168:100::1";
+/// The outside client's IPv6 address (its IPv4 one is 192.168.100.2).
+pub const OUTSIDE_IPV6: &str = "fd00:192:168:100::2";
 
 pub struct Pod {
     pub name: String,
@@ -40,8 +48,9 @@ pub struct Pod {
 pub struct Bed {
     pub prefix: String,
     pub node_netns: String,
-    /// A client outside the node, behind a veth: 192.168.100.2 talks to
-    /// the node's [`NODE_EXTERNAL_IP`].
+    /// A client outside the node, behind a veth: 192.168.100.2 and
+    /// [`OUTSIDE_IPV6`] talk to the node's [`NODE_EXTERNAL_IP`] and
+    /// [`NODE_EXTERNAL_IPV6`], the default routes of both families.
     pub outside_netns: String,
     pub pods: Vec<Pod>,
     pub cgroup: PathBuf,
@@ -59,6 +68,8 @@ pub struct Bed {
     pub kubeconfig: Option<PathBuf>,
     /// Extra environment for the daemon (test hooks).
     pub daemon_env: Vec<(String, String)>,
+    /// Extra command-line arguments for the daemon.
+    pub daemon_args: Vec<String>,
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
@@ -132,6 +143,7 @@ impl Bed {
             daemon_starts: 0,
             kubeconfig: None,
             daemon_env: Vec::new(),
+            daemon_args: Vec::new(),
             prefix,
         };
         bed.build().context("building the test bed")?;
@@ -193,6 +205,17 @@ impl Bed {
             "dev",
             &uplink,
         ])?;
+        ip(&[
+            "-n",
+            &node,
+            "-6",
+            "addr",
+            "add",
+            &format!("{NODE_EXTERNAL_IPV6}/64"),
+            "dev",
+            &uplink,
+            "nodad",
+        ])?;
         ip(&["-n", &node, "link", "set", &uplink, "up"])?;
         ip(&[
             "-n",
@@ -203,6 +226,17 @@ impl Bed {
             "dev",
             "eth0",
         ])?;
+        ip(&[
+            "-n",
+            &outside,
+            "-6",
+            "addr",
+            "add",
+            &format!("{OUTSIDE_IPV6}/64"),
+            "dev",
+            "eth0",
+            "nodad",
+        ])?;
         ip(&["-n", &outside, "link", "set", "eth0", "up"])?;
         ip(&[
             "-n",
@@ -212,6 +246,16 @@ impl Bed {
             "default",
             "via",
             NODE_EXTERNAL_IP,
+        ])?;
+        ip(&[
+            "-n",
+            &outside,
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            NODE_EXTERNAL_IPV6,
         ])?;
         self.sysctl(&node, "net.ipv6.conf.all.forwarding", "1")?;
         for i in 1..=POD_COUNT {
@@ -395,6 +439,7 @@ impl Bed {
             .arg(free_port()?.to_string())
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
+            .args(&self.daemon_args)
             .envs(self.daemon_env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)

@@ -62,12 +62,20 @@ pub fn all() -> Vec<Scenario> {
             run: itp_local,
         },
         Scenario {
+            name: "hairpin-pod-reaches-itself-through-its-service",
+            run: hairpin,
+        },
+        Scenario {
             name: "ipv6-clusterip",
             run: ipv6,
         },
         Scenario {
             name: "daemon-sigkill-restart-no-failed-requests",
             run: restart,
+        },
+        Scenario {
+            name: "session-affinity-survives-daemon-restart",
+            run: affinity_restart,
         },
         Scenario {
             name: "kube-source-drives-the-datapath",
@@ -80,6 +88,26 @@ pub fn all() -> Vec<Scenario> {
         Scenario {
             name: "nodeport-from-outside-the-node",
             run: nodeport_outside,
+        },
+        Scenario {
+            name: "ipv6-nodeport-from-outside",
+            run: ipv6_nodeport_outside,
+        },
+        Scenario {
+            name: "nodeport-addresses-narrow-node-ports",
+            run: nodeport_addresses,
+        },
+        Scenario {
+            name: "external-and-load-balancer-ips-from-outside",
+            run: external_and_lb_ips,
+        },
+        Scenario {
+            name: "load-balancer-source-ranges-filter",
+            run: lb_source_ranges,
+        },
+        Scenario {
+            name: "external-traffic-policy-local-nodeport",
+            run: etp_local_nodeport,
         },
         Scenario {
             name: "auto-falls-back-to-nftables",
@@ -226,9 +254,25 @@ impl Results {
     }
 }
 
+/// The client's own default timeout per request.
+const CLIENT_TIMEOUT: Duration = Duration::from_millis(1000);
+
 fn request(bed: &Bed, proto: &str, target: &str, count: usize) -> Result<Results> {
+    request_from(bed, None, proto, target, count, CLIENT_TIMEOUT)
+}
+
+/// `count` requests from a client in `netns` (the node's when `None`),
+/// each given `timeout` to connect and be answered.
+fn request_from(
+    bed: &Bed,
+    netns: Option<&str>,
+    proto: &str,
+    target: &str,
+    count: usize,
+    timeout: Duration,
+) -> Result<Results> {
     let lines = bed.client(
-        None,
+        netns,
         &[
             "--proto",
             proto,
@@ -236,6 +280,8 @@ fn request(bed: &Bed, proto: &str, target: &str, count: usize) -> Result<Results
             target,
             "--count",
             &count.to_string(),
+            "--timeout-ms",
+            &timeout.as_millis().to_string(),
         ],
     )?;
     Ok(Results::parse(&lines))
@@ -244,9 +290,22 @@ fn request(bed: &Bed, proto: &str, target: &str, count: usize) -> Result<Results
 /// Retries single requests until one is answered (the daemon programs a
 /// change asynchronously), up to `within`.
 fn wait_until_served(bed: &Bed, proto: &str, target: &str, within: Duration) -> Result<Duration> {
+    wait_until_served_from(bed, None, proto, target, within, CLIENT_TIMEOUT)
+}
+
+/// [`wait_until_served`] for a client in `netns`, each attempt given
+/// `attempt_timeout` (short where the datapath drops until programmed).
+fn wait_until_served_from(
+    bed: &Bed,
+    netns: Option<&str>,
+    proto: &str,
+    target: &str,
+    within: Duration,
+    attempt_timeout: Duration,
+) -> Result<Duration> {
     let started = Instant::now();
     loop {
-        let r = request(bed, proto, target, 1)?;
+        let r = request_from(bed, netns, proto, target, 1, attempt_timeout)?;
         if r.ok_count() == 1 {
             return Ok(started.elapsed());
         }
@@ -291,6 +350,25 @@ fn assert_peer_is(r: &Results, vip: &str) -> Result<()> {
         peers == [vip],
         "the application must see the service address {vip} as its peer, saw {:?}",
         r.peers
+    );
+    Ok(())
+}
+
+/// No request was answered, and none was refused either: the datapath
+/// dropped them (a refusal comes from a reject verdict or, on a node
+/// address, from a port nothing was DNATed on).
+fn assert_dropped(r: &Results, what: &str) -> Result<()> {
+    ensure!(
+        r.ok_count() == 0,
+        "{what}: {} requests answered, by {:?}",
+        r.ok_count(),
+        r.pods()
+    );
+    let refused: Vec<&String> = r.errors.iter().filter(|e| e.contains("refused")).collect();
+    ensure!(
+        refused.is_empty(),
+        "{what}: refused instead of dropped: {:?}",
+        refused.first()
     );
     Ok(())
 }
@@ -516,6 +594,35 @@ fn itp_local(bed: &mut Bed) -> Result<()> {
     Ok(())
 }
 
+/// A pod reaches itself through its own service. In the nftables
+/// datapath the DNATed packet goes back out the pod's own veth with the
+/// pod's address as source and as destination: only the hairpin
+/// masquerade (the node's address as source) lets the pod accept it and
+/// its replies come back through the node's reverse NAT. The eBPF
+/// datapath connects the socket straight to the endpoint.
+fn hairpin(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    let svc = Svc {
+        name: "self",
+        cluster_ip: "10.96.0.90",
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "",
+    };
+    apply_service(bed, &svc, false, &[(0, "node-1")])?;
+    let pod1 = bed.pods[0].netns.clone();
+    wait_until_served_from(
+        bed,
+        Some(&pod1),
+        "tcp",
+        "10.96.0.90:80",
+        Duration::from_secs(5),
+        CLIENT_TIMEOUT,
+    )?;
+    let r = request_from(bed, Some(&pod1), "tcp", "10.96.0.90:80", 20, CLIENT_TIMEOUT)?;
+    assert_spread(&r, 20, &["pod1"], 1.0)?;
+    assert_peer_is(&r, "10.96.0.90:80")
+}
+
 fn ipv6(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
     let svc = Svc {
@@ -579,6 +686,126 @@ fn restart(bed: &mut Bed) -> Result<()> {
         r.errors.len(),
         lines.len(),
         r.errors.first()
+    );
+    Ok(())
+}
+
+/// ClientIP affinity outlives a graceful restart of the daemon: every
+/// client keeps its pod (nftables: the affinity sets whose name and timeout
+/// did not change are kept; eBPF: the pinned affinity map, keyed by the
+/// client's network namespace). 4 clients (the node and the three pods) on
+/// 3 services make 12 independent picks among 3 endpoints; with the
+/// affinity entries lost, all 12 would come out the same again with
+/// p = 1/3^12 (about 2e-6).
+fn affinity_restart(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    let services: Vec<Svc> = [
+        ("sticky-a", "10.96.0.140"),
+        ("sticky-b", "10.96.0.141"),
+        ("sticky-c", "10.96.0.142"),
+    ]
+    .into_iter()
+    .map(|(name, cluster_ip)| Svc {
+        name,
+        cluster_ip,
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}\n",
+    })
+    .collect();
+    let manifests = |extra: &[&Svc]| {
+        let mut parts = Vec::new();
+        for svc in services.iter().chain(extra.iter().copied()) {
+            parts.push(service_yaml(svc));
+            parts.push(slice_yaml(bed, svc, false, &three_pods()));
+        }
+        docs(&parts)
+    };
+    // A service the stopped daemon never saw: once it answers, the new
+    // daemon has programmed its first state (the old rules stay in place
+    // meanwhile and would answer with the old affinity entries).
+    let marker = Svc {
+        name: "sticky-marker",
+        cluster_ip: "10.96.0.143",
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "",
+    };
+    let with_marker = manifests(&[&marker]);
+    bed.apply_manifests(&manifests(&[]))?;
+    let clients: Vec<Option<String>> = std::iter::once(None)
+        .chain(bed.pods.iter().map(|p| Some(p.netns.clone())))
+        .collect();
+    let client_name = |c: &Option<String>| c.clone().unwrap_or_else(|| "the node".to_owned());
+    for svc in &services {
+        wait_until_served(
+            bed,
+            "tcp",
+            &format!("{}:80", svc.cluster_ip),
+            Duration::from_secs(5),
+        )?;
+    }
+    // (client, service) → the pod it sticks to.
+    let mut chosen = BTreeMap::new();
+    for client in &clients {
+        for svc in &services {
+            let target = format!("{}:80", svc.cluster_ip);
+            let r = request_from(bed, client.as_deref(), "tcp", &target, 10, CLIENT_TIMEOUT)?;
+            ensure!(
+                r.errors.is_empty(),
+                "{target} from {}: {:?}",
+                client_name(client),
+                r.errors.first()
+            );
+            let pods: Vec<String> = r.pods().into_keys().collect();
+            ensure!(
+                pods.len() == 1,
+                "10 requests from {} to {target} must hit one pod: {:?}",
+                client_name(client),
+                r.pods()
+            );
+            chosen.insert((client_name(client), svc.name), pods[0].clone());
+        }
+    }
+
+    bed.stop_daemon()?;
+    bed.apply_manifests(&with_marker)?;
+    bed.start_daemon()?;
+    wait_until_served_from(
+        bed,
+        None,
+        "tcp",
+        "10.96.0.143:80",
+        Duration::from_secs(5),
+        DROP_TIMEOUT,
+    )
+    .context("the restarted daemon's first state")?;
+
+    let mut moved = Vec::new();
+    for client in &clients {
+        for svc in &services {
+            let target = format!("{}:80", svc.cluster_ip);
+            let r = request_from(bed, client.as_deref(), "tcp", &target, 20, CLIENT_TIMEOUT)?;
+            ensure!(
+                r.errors.is_empty(),
+                "{target} from {} after the restart: {:?}",
+                client_name(client),
+                r.errors.first()
+            );
+            let before = &chosen[&(client_name(client), svc.name)];
+            let pods: Vec<String> = r.pods().into_keys().collect();
+            if pods != [before.clone()] {
+                moved.push(format!(
+                    "{} → {target}: {before} before, {:?} after",
+                    client_name(client),
+                    r.pods()
+                ));
+            }
+        }
+    }
+    ensure!(
+        moved.is_empty(),
+        "{} of {} clients lost their pod across the restart: {moved:#?}",
+        moved.len(),
+        chosen.len()
     );
     Ok(())
 }
@@ -690,9 +917,7 @@ fn udp_endpoint_replaced(bed: &mut Bed) -> Result<()> {
 /// spread over the endpoints (eTP=Cluster).
 fn nodeport_outside(bed: &mut Bed) -> Result<()> {
     if bed.proxy_mode == "ebpf" {
-        return Err(
-            Skip("the eBPF datapath has no tc programs for node-external traffic yet").into(),
-        );
+        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
     }
     ensure_daemon(bed)?;
     let svc = Svc {
@@ -728,6 +953,288 @@ fn nodeport_outside(bed: &mut Bed) -> Result<()> {
         &["--proto", "tcp", "--target", &target, "--count", "90"],
     )?;
     assert_spread(&Results::parse(&lines), 90, &["pod1", "pod2", "pod3"], 0.1)
+}
+
+/// `--nodeport-addresses`: with the node's outside subnet listed, the node
+/// port answers there; with only another subnet listed, the same request
+/// reaches no service (the node itself refuses it), while cluster IPs
+/// keep working.
+fn nodeport_addresses(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode == "ebpf" {
+        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
+    }
+    let svc = Svc {
+        name: "npa",
+        cluster_ip: "10.96.0.150",
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "  type: NodePort\n",
+    };
+    let service =
+        service_yaml(&svc).replace("targetPort: 8080}", "targetPort: 8080, nodePort: 30150}");
+    let target = format!("{}:30150", super::bed::NODE_EXTERNAL_IP);
+    let outside = bed.outside_netns.clone();
+    // A service only the second daemon knows: once it answers, that
+    // daemon has replaced the first one's rules.
+    let marker = Svc {
+        name: "npa-marker",
+        cluster_ip: "10.96.0.151",
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "",
+    };
+    let run = |bed: &mut Bed, cidr: &str, with_marker: bool| -> Result<()> {
+        if bed.daemon_running() {
+            bed.stop_daemon()?;
+        }
+        bed.daemon_args = vec!["--nodeport-addresses".into(), cidr.into()];
+        let mut manifests = vec![service.clone(), slice_yaml(bed, &svc, false, &three_pods())];
+        if with_marker {
+            manifests.push(service_yaml(&marker));
+            manifests.push(slice_yaml(bed, &marker, false, &three_pods()));
+        }
+        bed.apply_manifests(&docs(&manifests))?;
+        bed.start_daemon()
+    };
+    let result = (|| -> Result<()> {
+        run(bed, "192.168.100.0/24", false)?;
+        wait_until_served_from(
+            bed,
+            Some(&outside),
+            "tcp",
+            &target,
+            Duration::from_secs(5),
+            Duration::from_millis(300),
+        )?;
+        let r = request_from(bed, Some(&outside), "tcp", &target, 30, CLIENT_TIMEOUT)?;
+        assert_spread(&r, 30, &["pod1", "pod2", "pod3"], 0.1)?;
+
+        run(bed, "10.123.0.0/16", true)?;
+        wait_until_served(bed, "tcp", "10.96.0.151:80", Duration::from_secs(5))?;
+        // Cluster IPs are not affected.
+        let r = request(bed, "tcp", "10.96.0.150:80", 10)?;
+        ensure!(r.ok_count() == 10, "cluster IP failed: {:?}", r.errors);
+        let r = request_from(
+            bed,
+            Some(&outside),
+            "tcp",
+            &target,
+            10,
+            Duration::from_millis(500),
+        )?;
+        ensure!(
+            r.ok_count() == 0,
+            "node port answered outside --nodeport-addresses: {:?}",
+            r.pods()
+        );
+        Ok(())
+    })();
+    let _ = bed.stop_daemon();
+    bed.daemon_args.clear();
+    result
+}
+
+/// A client outside the node reaches an IPv6 NodePort on the node's IPv6
+/// address, spread over the endpoints' IPv6 addresses.
+fn ipv6_nodeport_outside(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode == "ebpf" {
+        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
+    }
+    ensure_daemon(bed)?;
+    let svc = Svc {
+        name: "np6",
+        cluster_ip: "fd00:96::130",
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "",
+    };
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: np6, namespace: e2e}\nspec:\n  type: NodePort\n  clusterIP: fd00:96::130\n  ipFamilies: [IPv6]\n  ports:\n  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30130}\n".to_owned();
+    bed.apply_manifests(&docs(&[
+        service,
+        slice_yaml(bed, &svc, true, &three_pods()),
+    ]))?;
+    let target = format!("[{}]:30130", super::bed::NODE_EXTERNAL_IPV6);
+    let outside = bed.outside_netns.clone();
+    wait_until_served_from(
+        bed,
+        Some(&outside),
+        "tcp",
+        &target,
+        Duration::from_secs(5),
+        DROP_TIMEOUT,
+    )
+    .with_context(|| format!("from {} outside the node", super::bed::OUTSIDE_IPV6))?;
+    let r = request_from(bed, Some(&outside), "tcp", &target, 90, CLIENT_TIMEOUT)?;
+    assert_spread(&r, 90, &["pod1", "pod2", "pod3"], 0.1)
+        .with_context(|| format!("from {} to {target}", super::bed::OUTSIDE_IPV6))
+}
+
+/// How long a request from outside gets before it counts as dropped: the
+/// bed's veths answer in well under a millisecond.
+const DROP_TIMEOUT: Duration = Duration::from_millis(300);
+
+const NO_EXTERNAL_DATAPATH: &str =
+    "the eBPF datapath has no tc programs for node-external traffic yet";
+
+/// A LoadBalancer service `name` on `cluster_ip`, TCP 80 → 8080, with
+/// `external_ip` in spec.externalIPs, `lb_ip` in
+/// status.loadBalancer.ingress and `extra_spec` (indented two spaces).
+/// Both addresses are outside every subnet of the bed: the outside
+/// namespace sends them to the node along its default route, as a router
+/// in front of the node would.
+fn load_balancer_yaml(
+    name: &str,
+    cluster_ip: &str,
+    external_ip: &str,
+    lb_ip: &str,
+    extra_spec: &str,
+) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: e2e}}\n\
+         spec:\n  type: LoadBalancer\n  clusterIP: {cluster_ip}\n  externalIPs: [\"{external_ip}\"]\n\
+         {extra_spec}  ports:\n  - {{name: http, protocol: TCP, port: 80, targetPort: 8080}}\n\
+         status:\n  loadBalancer:\n    ingress:\n    - {{ip: \"{lb_ip}\"}}\n"
+    )
+}
+
+/// The Svc matching [`load_balancer_yaml`], for its EndpointSlice.
+fn http_svc<'a>(name: &'a str, cluster_ip: &'a str) -> Svc<'a> {
+    Svc {
+        name,
+        cluster_ip,
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "",
+    }
+}
+
+/// A client outside the node reaches the service on its external IP and
+/// on its load-balancer IP (eTP=Cluster), spread over the endpoints.
+fn external_and_lb_ips(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode == "ebpf" {
+        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
+    }
+    ensure_daemon(bed)?;
+    let (external_ip, lb_ip) = ("203.0.113.20", "203.0.113.10");
+    bed.apply_manifests(&docs(&[
+        load_balancer_yaml("lb", "10.96.0.100", external_ip, lb_ip, ""),
+        slice_yaml(bed, &http_svc("lb", "10.96.0.100"), false, &three_pods()),
+    ]))?;
+    let outside = bed.outside_netns.clone();
+    for ip in [external_ip, lb_ip] {
+        let target = format!("{ip}:80");
+        wait_until_served_from(
+            bed,
+            Some(&outside),
+            "tcp",
+            &target,
+            Duration::from_secs(5),
+            DROP_TIMEOUT,
+        )?;
+        let r = request_from(bed, Some(&outside), "tcp", &target, 90, CLIENT_TIMEOUT)?;
+        assert_spread(&r, 90, &["pod1", "pod2", "pod3"], 0.1)
+            .with_context(|| format!("from outside to {target}"))?;
+    }
+    Ok(())
+}
+
+/// loadBalancerSourceRanges: a source outside the ranges is dropped on the
+/// load-balancer IP (while the external IP, which the ranges do not cover,
+/// still serves it); once the ranges include it, it is served.
+fn lb_source_ranges(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode == "ebpf" {
+        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
+    }
+    ensure_daemon(bed)?;
+    let (external_ip, lb_ip) = ("203.0.113.21", "203.0.113.11");
+    let manifests = |ranges: &str| {
+        docs(&[
+            load_balancer_yaml(
+                "fw",
+                "10.96.0.110",
+                external_ip,
+                lb_ip,
+                &format!("  loadBalancerSourceRanges: [{ranges}]\n"),
+            ),
+            slice_yaml(bed, &http_svc("fw", "10.96.0.110"), false, &three_pods()),
+        ])
+    };
+    // The outside client is 192.168.100.2.
+    bed.apply_manifests(&manifests("\"198.51.100.0/24\""))?;
+    let outside = bed.outside_netns.clone();
+    // Served on the external IP: the service is programmed.
+    wait_until_served_from(
+        bed,
+        Some(&outside),
+        "tcp",
+        &format!("{external_ip}:80"),
+        Duration::from_secs(5),
+        DROP_TIMEOUT,
+    )?;
+    let lb_target = format!("{lb_ip}:80");
+    let r = request_from(bed, Some(&outside), "tcp", &lb_target, 5, DROP_TIMEOUT)?;
+    assert_dropped(&r, &format!("{lb_target} from a source outside the ranges"))?;
+
+    let applied = Instant::now();
+    bed.apply_manifests(&manifests("\"198.51.100.0/24\", \"192.168.100.0/24\""))?;
+    wait_until_served_from(
+        bed,
+        Some(&outside),
+        "tcp",
+        &lb_target,
+        Duration::from_secs(2),
+        DROP_TIMEOUT,
+    )
+    .context("after adding the client's range")?;
+    let took = applied.elapsed();
+    ensure!(
+        took <= Duration::from_secs(2),
+        "served {took:?} after the ranges changed"
+    );
+    let r = request_from(bed, Some(&outside), "tcp", &lb_target, 30, CLIENT_TIMEOUT)?;
+    assert_spread(&r, 30, &["pod1", "pod2", "pod3"], 0.0)
+        .with_context(|| format!("{lb_target} from a source inside the ranges"))
+}
+
+/// externalTrafficPolicy: Local on a node port: traffic from outside only
+/// reaches the endpoint on this node (node-1, the daemon's
+/// --hostname-override), and is dropped once no endpoint is local.
+fn etp_local_nodeport(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode == "ebpf" {
+        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
+    }
+    ensure_daemon(bed)?;
+    let svc = http_svc("etp", "10.96.0.120");
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: etp, namespace: e2e}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.120\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30090}\n";
+    let manifests = |members: &[(usize, &str)]| {
+        docs(&[service.to_owned(), slice_yaml(bed, &svc, false, members)])
+    };
+    bed.apply_manifests(&manifests(&three_pods()))?;
+    let target = format!("{}:30090", super::bed::NODE_EXTERNAL_IP);
+    let outside = bed.outside_netns.clone();
+    wait_until_served_from(
+        bed,
+        Some(&outside),
+        "tcp",
+        &target,
+        Duration::from_secs(5),
+        DROP_TIMEOUT,
+    )?;
+    let r = request_from(bed, Some(&outside), "tcp", &target, 30, CLIENT_TIMEOUT)?;
+    assert_spread(&r, 30, &["pod1"], 1.0).context("only the endpoint on node-1 may answer")?;
+
+    bed.apply_manifests(&manifests(&[(0, "node-2"), (1, "node-2"), (2, "node-3")]))?;
+    let changed = Instant::now();
+    loop {
+        let r = request_from(bed, Some(&outside), "tcp", &target, 1, DROP_TIMEOUT)?;
+        if r.ok_count() == 0 {
+            break;
+        }
+        ensure!(
+            changed.elapsed() < Duration::from_secs(2),
+            "still served 2 s after the last local endpoint went away: {:?}",
+            r.pods()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let r = request_from(bed, Some(&outside), "tcp", &target, 5, DROP_TIMEOUT)?;
+    assert_dropped(&r, &format!("{target} without a local endpoint"))
 }
 
 /// `--proxy-mode auto` with eBPF made to fail (test hook): one log line

@@ -273,6 +273,13 @@ impl Datapath for EbpfDatapath {
         ProxyMode::Ebpf
     }
 
+    fn map_entries(&self) -> Vec<(&'static str, usize)> {
+        vec![
+            (proxy_common::MAP_SERVICES, self.view.service_entry_count()),
+            (proxy_common::MAP_BACKENDS, self.view.backend_count()),
+        ]
+    }
+
     fn apply(&mut self, prev: &LocalState, next: &LocalState) -> Result<ApplyStats, DatapathError> {
         let full = self.full_next;
         // Until this apply succeeds, the next one starts from the view.

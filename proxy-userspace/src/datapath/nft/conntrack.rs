@@ -1,17 +1,22 @@
 //! UDP conntrack cleanup after a sync. UDP has no connection end, so a
 //! client that keeps its source port keeps its conntrack entry, and with it
-//! the DNAT to an endpoint that is gone, or the reject cached while the
-//! service had no endpoints. kube-proxy deletes those entries; so does
-//! this, with the `conntrack` tool (Debian package `conntrack`).
+//! the DNAT to an endpoint that is gone, or a flow that was never NATed
+//! because the service had no endpoints then. kube-proxy deletes those
+//! entries; so does this, over ctnetlink ([`netlink::ct`]).
 //!
-//! [`plan`] is pure: two versions of a service in, the deletions out.
+//! [`plan`] and [`plan_startup`] are pure: states in, the deletions out;
+//! [`run`] lists the family's UDP entries once and deletes the matching
+//! ones.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::model::{Protocol, ServiceEndpoints};
+use super::netlink::{self, ct};
+use crate::model::{LocalState, Protocol, ServiceEndpoints};
 
-/// One `conntrack -D` filter.
+const UDP: u8 = 17;
+
+/// Which entries to delete.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Flush {
     /// Entries for `vip:port` DNATed to `endpoint` (the endpoint is gone).
@@ -23,54 +28,46 @@ pub enum Flush {
     /// Node-port entries DNATed to `endpoint` (the endpoint is gone).
     NodePortEndpoint { port: u16, endpoint: IpAddr },
     /// Every entry for `vip:port` (the service got its first endpoint; the
-    /// entries hold the earlier reject).
+    /// entries hold flows from before).
     Service { vip: IpAddr, port: u16 },
+    /// Entries for `vip:port` whose reply does not come from one of
+    /// `endpoints` (at start-up: what an earlier run or no proxy left).
+    Stale {
+        vip: IpAddr,
+        port: u16,
+        endpoints: BTreeSet<IpAddr>,
+    },
 }
 
 impl Flush {
-    /// The `conntrack` arguments.
-    pub fn args(&self) -> Vec<String> {
-        let family = |ip: &IpAddr| if ip.is_ipv4() { "ipv4" } else { "ipv6" };
-        let mut a: Vec<String> = vec!["-D".into()];
+    fn family_v4(&self) -> bool {
+        match self {
+            Flush::Endpoint { vip, .. } | Flush::Service { vip, .. } | Flush::Stale { vip, .. } => {
+                vip.is_ipv4()
+            }
+            Flush::NodePortEndpoint { endpoint, .. } => endpoint.is_ipv4(),
+        }
+    }
+
+    /// Whether a UDP entry is one this flush deletes.
+    pub fn matches(&self, e: &ct::Entry) -> bool {
+        let to = |vip: &IpAddr, port: &u16| e.orig.dst == *vip && e.orig.dport == *port;
         match self {
             Flush::Endpoint {
                 vip,
                 port,
                 endpoint,
-            } => a.extend([
-                "-f".into(),
-                family(vip).into(),
-                "-p".into(),
-                "udp".into(),
-                "--orig-dst".into(),
-                vip.to_string(),
-                "--orig-port-dst".into(),
-                port.to_string(),
-                "--reply-src".into(),
-                endpoint.to_string(),
-            ]),
-            Flush::NodePortEndpoint { port, endpoint } => a.extend([
-                "-f".into(),
-                family(endpoint).into(),
-                "-p".into(),
-                "udp".into(),
-                "--orig-port-dst".into(),
-                port.to_string(),
-                "--reply-src".into(),
-                endpoint.to_string(),
-            ]),
-            Flush::Service { vip, port } => a.extend([
-                "-f".into(),
-                family(vip).into(),
-                "-p".into(),
-                "udp".into(),
-                "--orig-dst".into(),
-                vip.to_string(),
-                "--orig-port-dst".into(),
-                port.to_string(),
-            ]),
+            } => to(vip, port) && e.reply.src == *endpoint,
+            Flush::NodePortEndpoint { port, endpoint } => {
+                e.orig.dport == *port && e.reply.src == *endpoint && e.orig.dst != *endpoint
+            }
+            Flush::Service { vip, port } => to(vip, port),
+            Flush::Stale {
+                vip,
+                port,
+                endpoints,
+            } => to(vip, port) && !endpoints.contains(&e.reply.src),
         }
-        a
     }
 }
 
@@ -131,25 +128,66 @@ pub fn plan(old: Option<&ServiceEndpoints>, new: Option<&ServiceEndpoints>) -> V
     out.into_iter().collect()
 }
 
-/// Runs the deletions. Failures are logged, never fatal: the rules are in
-/// place, a stale entry only lasts until the flow idles out.
+/// The deletions a fresh start calls for: for every UDP service port
+/// with endpoints, the entries to its addresses that do not reach one of
+/// them (DNATed by an earlier ruleset, or never NATed).
+pub fn plan_startup(state: &LocalState) -> Vec<Flush> {
+    let mut out = Vec::new();
+    for se in &state.services {
+        let svc = &se.service;
+        for pm in svc.ports.iter().filter(|p| p.protocol == Protocol::Udp) {
+            let endpoints = udp_endpoints(Some(se), &pm.name);
+            if endpoints.is_empty() {
+                continue;
+            }
+            for vip in svc
+                .cluster_ips
+                .iter()
+                .chain(svc.external_ips.iter())
+                .chain(svc.load_balancer_ips.iter())
+            {
+                out.push(Flush::Stale {
+                    vip,
+                    port: pm.port,
+                    endpoints: endpoints.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Runs the deletions: one listing of each family's UDP entries, then the
+/// matching ones deleted. Failures are logged, never fatal: the rules are
+/// in place, a stale entry only lasts until the flow idles out.
 pub fn run(flushes: &[Flush]) {
-    for f in flushes {
-        let args = f.args();
-        match std::process::Command::new("conntrack").args(&args).output() {
-            // conntrack exits 1 when nothing matched: nothing to clean.
-            Ok(out) if out.status.success() || out.status.code() == Some(1) => {
-                tracing::debug!(args = %args.join(" "), "conntrack entries deleted");
-            }
-            Ok(out) => tracing::warn!(
-                args = %args.join(" "),
-                error = %String::from_utf8_lossy(&out.stderr).trim(),
-                "UDP conntrack cleanup failed"
-            ),
+    for v4 in [true, false] {
+        let these: Vec<&Flush> = flushes.iter().filter(|f| f.family_v4() == v4).collect();
+        if these.is_empty() {
+            continue;
+        }
+        let family = if v4 {
+            netlink::NFPROTO_IPV4
+        } else {
+            netlink::NFPROTO_IPV6
+        };
+        let entries = match ct::list(family, UDP) {
+            Ok(e) => e,
             Err(e) => {
-                tracing::warn!(error = %e, "UDP conntrack cleanup skipped: cannot run `conntrack` (Debian: apt-get install conntrack)");
-                return;
+                tracing::warn!(error = %e, "UDP conntrack cleanup skipped: listing conntrack entries failed");
+                continue;
             }
+        };
+        let doomed: Vec<ct::Entry> = entries
+            .into_iter()
+            .filter(|e| these.iter().any(|f| f.matches(e)))
+            .collect();
+        if doomed.is_empty() {
+            continue;
+        }
+        match ct::delete(family, &doomed) {
+            Ok(n) => tracing::debug!(deleted = n, "UDP conntrack entries deleted"),
+            Err(e) => tracing::warn!(error = %e, "UDP conntrack cleanup failed"),
         }
     }
 }
@@ -184,10 +222,25 @@ mod tests {
                 endpoint: "10.244.1.12".parse().unwrap()
             }]
         );
-        assert_eq!(
-            flushes[0].args().join(" "),
-            "-D -f ipv4 -p udp --orig-dst 10.96.0.10 --orig-port-dst 80 --reply-src 10.244.1.12"
-        );
+        let entry = |reply_src: &str| ct::Entry {
+            orig: ct::Tuple {
+                src: "10.244.2.5".parse().unwrap(),
+                dst: "10.96.0.10".parse().unwrap(),
+                proto: UDP,
+                sport: 40000,
+                dport: 80,
+            },
+            reply: ct::Tuple {
+                src: reply_src.parse().unwrap(),
+                dst: "10.244.2.5".parse().unwrap(),
+                proto: UDP,
+                sport: 8080,
+                dport: 40000,
+            },
+            zone: None,
+        };
+        assert!(flushes[0].matches(&entry("10.244.1.12")));
+        assert!(!flushes[0].matches(&entry("10.244.1.11")));
     }
 
     #[test]
@@ -201,6 +254,25 @@ mod tests {
                 port: 80
             }]
         );
+    }
+
+    #[test]
+    fn at_start_entries_not_reaching_a_current_endpoint_go() {
+        let se = udp(web(vec![endpoint("10.244.1.11", true)], None));
+        let state = LocalState { services: vec![se] };
+        let flushes = plan_startup(&state);
+        assert_eq!(
+            flushes,
+            [Flush::Stale {
+                vip: "10.96.0.10".parse().unwrap(),
+                port: 80,
+                endpoints: ["10.244.1.11".parse().unwrap()].into()
+            }]
+        );
+        let empty = LocalState {
+            services: vec![udp(web(vec![], None))],
+        };
+        assert!(plan_startup(&empty).is_empty());
     }
 
     #[test]
