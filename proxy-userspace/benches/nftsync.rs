@@ -142,6 +142,12 @@ fn median(mut times: Vec<Duration>) -> Duration {
 }
 
 fn main() {
+    // EKP_BENCH_LOG=ebpf_kube_proxy=debug shows each transaction's time.
+    if let Ok(filter) = std::env::var("EKP_BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .init();
+    }
     // SAFETY: getuid has no preconditions.
     if unsafe { libc::getuid() } != 0 {
         println!("nftables sync benchmark skipped: it needs root");

@@ -67,10 +67,14 @@ impl From<NftError> for DatapathError {
 }
 
 fn commit(f: Family, batch: Batch) -> Result<(), NftError> {
+    let started = Instant::now();
+    let messages = batch.len();
     batch.commit().map_err(|e| NftError::Rejected {
         family: f.nft(),
         reason: e.to_string(),
-    })
+    })?;
+    tracing::debug!(family = f.nft(), messages, elapsed = ?started.elapsed(), "nftables transaction committed");
+    Ok(())
 }
 
 fn element(key: &[KeyPart], verdict: Option<&Verdict>) -> Element {
