@@ -22,3 +22,8 @@ pub mod podinfo {
         include!(concat!(env!("OUT_DIR"), "/podinfo.v1alpha1.serde.rs"));
     }
 }
+
+/// Every file of both APIs (and the well-known types they import) as an
+/// encoded `FileDescriptorSet` with source info, so the comments of the
+/// `.proto` files reach gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));

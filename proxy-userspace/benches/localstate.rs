@@ -65,7 +65,7 @@ fn main() {
         let (tx, rx) = snapshot_channel();
         let shutdown = CancellationToken::new();
         let listeners = Listeners::bind(None, Some(&socket)).await.expect("bind");
-        let service = LocalnetService::new(1, rx, shutdown.clone());
+        let service = LocalnetService::new(1, rx, shutdown.clone()).await;
         let server = tokio::spawn(listeners.serve(service, shutdown.clone()));
         tx.send_replace(Arc::new(Snapshot {
             rev: 1,

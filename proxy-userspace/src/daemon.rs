@@ -144,12 +144,16 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
         shutdown.clone(),
         status.clone(),
     ));
+    // gRPC health of each API, turned NOT_SERVING at SIGTERM (SPEC §10.6).
+    let mut discoveries = Vec::new();
     {
         let service = LocalnetService::new(instance_id, snapshot_rx, shutdown.clone())
+            .await
             .with_metrics(
                 crate::localnet::metrics::LocalnetMetrics::register(status.metrics().registry())
                     .context("registering the localnet metrics")?,
             );
+        discoveries.push(service.discovery().clone());
         let cancel = shutdown.clone();
         let status = status.clone();
         tasks.spawn(async move {
@@ -159,7 +163,8 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
         });
     }
     if let Some((listener, metrics)) = podinfo {
-        let api = PodInfoApi::new(pods_rx, podinfo_limit, metrics, shutdown.clone());
+        let api = PodInfoApi::new(pods_rx, podinfo_limit, metrics, shutdown.clone()).await;
+        discoveries.push(api.discovery().clone());
         let cancel = shutdown.clone();
         tasks.spawn(async move { listener.serve(api, cancel).await.map_err(Into::into) });
     }
@@ -206,6 +211,9 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
         }
     }
     status.shutting_down();
+    for d in &discoveries {
+        d.stop().await;
+    }
     if signalled {
         if let Some(delay) = std::env::var(SHUTDOWN_DELAY_ENV)
             .ok()

@@ -10,6 +10,8 @@ pub mod config;
 pub mod config_file;
 pub mod daemon;
 pub mod datapath;
+pub mod grpc_discovery;
+pub mod grpc_unix;
 pub mod localnet;
 pub mod model;
 pub mod net;

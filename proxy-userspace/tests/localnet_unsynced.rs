@@ -21,7 +21,7 @@ async fn nothing_is_returned_before_the_source_has_synced() {
         .await
         .unwrap();
     let addr = listeners.tcp_addr().unwrap();
-    let service = LocalnetService::new(7, rx, shutdown.clone());
+    let service = LocalnetService::new(7, rx, shutdown.clone()).await;
     let server = tokio::spawn(listeners.serve(service, shutdown.clone()));
 
     let mut c = client::connect(&Target::Tcp(addr.to_string()))

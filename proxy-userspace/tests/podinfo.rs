@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::fake_apiserver::FakeApiServer;
-use common::{get, manifests_dir, write_atomic, Daemon, BIN};
+use common::{get, manifests_dir, pod_yaml, write_atomic, Daemon, BIN};
 use ebpf_kube_proxy::podinfo::client::connect;
 use proto::podinfo::v1alpha1 as pb;
 use proto::podinfo::v1alpha1::pod_info_service_client::PodInfoServiceClient;
@@ -44,20 +44,6 @@ async fn client_at(d: &Daemon, path: &Path) -> Client {
             Err(e) => panic!("PodInfo socket not listening: {e}; log:\n{}", d.log_text()),
         }
     }
-}
-
-/// A Pod manifest; `conditions` are (type, status, reason) in status order.
-fn pod_yaml(ns: &str, name: &str, node: &str, conditions: &[(&str, &str, &str)]) -> String {
-    let mut s = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}, uid: uid-{name}}}\n\
-         spec: {{nodeName: {node}, containers: []}}\nstatus:\n  conditions:\n"
-    );
-    for (t, status, reason) in conditions {
-        s.push_str(&format!(
-            "  - {{type: {t}, status: \"{status}\", reason: \"{reason}\", lastTransitionTime: \"2024-05-01T10:00:00Z\"}}\n"
-        ));
-    }
-    s
 }
 
 fn web(ready: &str) -> String {

@@ -36,19 +36,10 @@ pub fn tools_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_TOOLS_DIR))
 }
 
-/// The target directory shared with the host build (the daemon's build
-/// script looks for the object in the same place).
-pub fn target_dir(root: &Path) -> PathBuf {
-    env::var_os("CARGO_TARGET_DIR")
-        .filter(|d| !d.is_empty())
-        .map(|d| root.join(d))
-        .unwrap_or_else(|| root.join("target"))
-}
-
 /// Path of the object `build(root, release)` produces.
 pub fn object_path(root: &Path, release: bool) -> PathBuf {
     let profile = if release { "release" } else { "debug" };
-    target_dir(root)
+    crate::paths::target_dir(root)
         .join(TARGET)
         .join(profile)
         .join("proxy-ebpf")
@@ -189,7 +180,7 @@ pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
     cmd.args(["run", NIGHTLY, "cargo", "build", "--target", TARGET])
         .args(["-Z", "build-std=core"])
         .arg("--target-dir")
-        .arg(target_dir(root))
+        .arg(crate::paths::target_dir(root))
         .current_dir(root.join("proxy-ebpf"))
         .env("PATH", path)
         // Host flags and wrappers of the outer build do not apply to BPF.

@@ -11,6 +11,7 @@
 
 mod e2e;
 mod ebpf;
+mod paths;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -144,7 +145,10 @@ fn test(root: &Path) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    run(cargo().args(["test", "--workspace", "--no-fail-fast"]))?;
+    let python = ensure_python_clients(root)?;
+    run(cargo()
+        .args(["test", "--workspace", "--no-fail-fast"])
+        .env("EKP_GRPCIO_PYTHON", python))?;
     if !is_root() {
         println!("e2e suite skipped: it needs root (network namespaces, cgroups, eBPF)");
         return Ok(());
@@ -161,6 +165,37 @@ fn test(root: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A virtualenv with the pinned Python gRPC clients
+/// (`proxy-userspace/tests/python/requirements.txt`); returns its python.
+fn ensure_python_clients(root: &Path) -> Result<PathBuf> {
+    let venv = paths::python_env(root);
+    let python = venv.join("bin/python");
+    let requirements = root.join("proxy-userspace/tests/python/requirements.txt");
+    let stamp = venv.join("requirements.installed");
+    let wanted = std::fs::read(&requirements).context("reading the Python requirements")?;
+    if std::fs::read(&stamp).is_ok_and(|have| have == wanted) && python.exists() {
+        return Ok(python);
+    }
+    if !python.exists() {
+        let venv_ok = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !venv_ok {
+            // Debian's python3 keeps venv in a package of its own.
+            apt_install(&["python3-venv", "python3-pip"])?;
+            run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+        }
+    }
+    run(Command::new(&python).args(["-m", "pip", "install", "-q", "--upgrade", "pip"]))?;
+    run(Command::new(&python)
+        .args(["-m", "pip", "install", "-q", "-r"])
+        .arg(&requirements))?;
+    std::fs::write(&stamp, wanted)?;
+    Ok(python)
+}
+
 /// Installs Debian packages whose command is missing (root, apt).
 fn ensure_debian_packages(wanted: &[(&str, &str)]) -> Result<()> {
     let missing: Vec<&str> = wanted
@@ -174,13 +209,17 @@ fn ensure_debian_packages(wanted: &[(&str, &str)]) -> Result<()> {
         })
         .map(|(_, pkg)| *pkg)
         .collect();
-    if missing.is_empty() {
+    apt_install(&missing)
+}
+
+fn apt_install(packages: &[&str]) -> Result<()> {
+    if packages.is_empty() {
         return Ok(());
     }
     run(Command::new("apt-get").args(["update", "-qq"]))?;
     run(Command::new("apt-get")
         .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(&missing)
+        .args(packages)
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
@@ -195,7 +234,7 @@ impl Drop for KillOnDrop {
 
 fn demo(root: &Path) -> Result<()> {
     run(cargo().args(["build", "--bin", "ebpf-kube-proxy"]))?;
-    let bin = root.join("target/debug/ebpf-kube-proxy");
+    let bin = paths::daemon_bin(root);
     let manifests = root.join("deploy/examples");
     let run_dir = std::env::temp_dir().join(format!("ebpf-kube-proxy-demo-{}", std::process::id()));
     std::fs::create_dir_all(&run_dir)?;

@@ -5,21 +5,22 @@
 //! frame channel; `Watch` streams one complete frame per revision.
 
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 
 use proto::localnet::v1 as pb;
-use proto::localnet::v1::endpoints_server::{Endpoints, EndpointsServer};
+use proto::localnet::v1::endpoints_server::{Endpoints, EndpointsServer, SERVICE_NAME};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream, UnixListenerStream};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::convert;
+use crate::grpc_discovery::Discovery;
+use crate::grpc_unix::{self, bind_unix, remove_socket};
 use crate::sync::{Snapshot, SnapshotReceiver};
 
 /// Largest message the server sends and the client accepts (SPEC §6.2).
@@ -90,18 +91,22 @@ pub struct LocalnetService {
     frames: watch::Receiver<Arc<Frame>>,
     shutdown: CancellationToken,
     metrics: Option<super::metrics::LocalnetMetrics>,
+    discovery: Discovery,
 }
 
 impl LocalnetService {
     /// Starts converting snapshots into frames (a task that ends with the
-    /// snapshot channel or `shutdown`).
-    pub fn new(
+    /// snapshot channel or `shutdown`). gRPC health turns `SERVING` with
+    /// the first frame.
+    pub async fn new(
         instance_id: u64,
         mut snapshots: SnapshotReceiver,
         shutdown: CancellationToken,
     ) -> Self {
         let (frame_tx, frames) = watch::channel(Arc::new(Frame::default()));
         let cancel = shutdown.clone();
+        let discovery = Discovery::new(SERVICE_NAME).await;
+        let health = discovery.clone();
         tokio::spawn(async move {
             loop {
                 let snapshot = snapshots.borrow_and_update().clone();
@@ -112,6 +117,7 @@ impl LocalnetService {
                     match frame {
                         Ok(f) => {
                             frame_tx.send_replace(Arc::new(f));
+                            health.serving().await;
                         }
                         Err(e) => {
                             tracing::error!(error = %e, "converting the state for localnet failed")
@@ -129,7 +135,13 @@ impl LocalnetService {
             frames,
             shutdown,
             metrics: None,
+            discovery,
         }
+    }
+
+    /// gRPC health of this API, for SIGTERM to turn `NOT_SERVING`.
+    pub fn discovery(&self) -> &Discovery {
+        &self.discovery
     }
 
     /// Counts calls in the `ebpf_kube_proxy_localnet_*` families.
@@ -169,6 +181,11 @@ impl LocalnetService {
         EndpointsServer::new(self)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// The API with gRPC health and reflection beside it.
+    fn routes(&self) -> tonic::service::Routes {
+        self.discovery.routes(self.clone().into_server())
     }
 }
 
@@ -391,8 +408,7 @@ impl Listeners {
     ) -> Result<(), LocalnetError> {
         let mut tasks = tokio::task::JoinSet::new();
         if let Some((addr, l)) = self.tcp {
-            let router =
-                tonic::transport::Server::builder().add_service(service.clone().into_server());
+            let router = tonic::transport::Server::builder().add_routes(service.routes());
             let stop = shutdown.clone();
             tracing::info!(%addr, "localnet API listening");
             tasks.spawn(async move {
@@ -403,16 +419,12 @@ impl Listeners {
         }
         let socket_path = self.unix.as_ref().map(|(p, _)| p.clone());
         if let Some((path, l)) = self.unix {
-            let router =
-                tonic::transport::Server::builder().add_service(service.clone().into_server());
+            let router = tonic::transport::Server::builder().add_routes(service.routes());
             let stop = shutdown.clone();
             tracing::info!(path = %path.display(), "localnet API listening");
             tasks.spawn(async move {
                 router
-                    .serve_with_incoming_shutdown(
-                        UnixListenerStream::new(l),
-                        stop.cancelled_owned(),
-                    )
+                    .serve_with_incoming_shutdown(grpc_unix::incoming(l), stop.cancelled_owned())
                     .await
             });
         }
@@ -431,27 +443,5 @@ impl Listeners {
             remove_socket(&path);
         }
         result
-    }
-}
-
-pub(crate) fn bind_unix(path: &Path) -> std::io::Result<UnixListener> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => tracing::debug!(path = %path.display(), "replaced a stale socket file"),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let l = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-    Ok(l)
-}
-
-pub(crate) fn remove_socket(path: &Path) {
-    if let Err(e) = std::fs::remove_file(path) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(path = %path.display(), error = %e, "could not remove socket file");
-        }
     }
 }

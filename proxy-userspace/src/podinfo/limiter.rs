@@ -17,23 +17,8 @@ pub const MAX_WATCHES_PER_CLIENT: usize = 16;
 /// forgotten; forgetting them loses nothing, as a new client starts full.
 const PRUNE_ABOVE: usize = 256;
 
-/// Who is calling.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ClientKey {
-    /// The peer process, from `SO_PEERCRED`.
-    Process { uid: u32, pid: i32 },
-    /// One connection (no peer credentials available).
-    Connection(u64),
-}
-
-impl std::fmt::Display for ClientKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ClientKey::Process { uid, pid } => write!(f, "uid={uid} pid={pid}"),
-            ClientKey::Connection(id) => write!(f, "connection={id}"),
-        }
-    }
-}
+/// Who is calling: the peer the unix-socket layer identified.
+pub use crate::grpc_unix::Peer as ClientKey;
 
 /// `--podinfo-qps` and `--podinfo-burst`.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -15,20 +15,20 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use proto::podinfo::v1alpha1 as pb;
-use proto::podinfo::v1alpha1::pod_info_service_server::{PodInfoService, PodInfoServiceServer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{UnixListener, UnixStream};
+use proto::podinfo::v1alpha1::pod_info_service_server::{
+    PodInfoService, PodInfoServiceServer, SERVICE_NAME,
+};
+use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::UnixListenerStream;
-use tokio_stream::{Stream, StreamExt};
+use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status};
 
 use super::convert::pod_info;
 use super::limiter::{ClientKey, Limiter, RateLimit, Rejection, WatchSlot};
 use super::metrics::{Method, PodInfoMetrics};
-use crate::localnet::server::{bind_unix, remove_socket};
+use crate::grpc_discovery::Discovery;
+use crate::grpc_unix::{self, bind_unix, remove_socket};
 use crate::sync::{PodSnapshot, PodSnapshotReceiver};
 
 /// Message of every call before the source has synced.
@@ -99,12 +99,13 @@ pub struct PodInfoApi {
     limiter: Arc<Limiter>,
     metrics: PodInfoMetrics,
     shutdown: CancellationToken,
+    discovery: Discovery,
 }
 
 impl PodInfoApi {
     /// Starts converting pod snapshots into lists (a task that ends with
     /// the snapshot channel or `shutdown`).
-    pub fn new(
+    pub async fn new(
         mut pods: PodSnapshotReceiver,
         limit: RateLimit,
         metrics: PodInfoMetrics,
@@ -112,11 +113,14 @@ impl PodInfoApi {
     ) -> Self {
         let (list_tx, lists) = watch::channel(Arc::new(PodList::default()));
         let cancel = shutdown.clone();
+        let discovery = Discovery::new(SERVICE_NAME).await;
+        let health = discovery.clone();
         tokio::spawn(async move {
             loop {
                 let snapshot = pods.borrow_and_update().clone();
                 if snapshot.synced {
                     list_tx.send_replace(Arc::new(PodList::of(&snapshot)));
+                    health.serving().await;
                 }
                 tokio::select! {
                     () = cancel.cancelled() => return,
@@ -129,11 +133,17 @@ impl PodInfoApi {
             limiter: Limiter::new(limit),
             metrics,
             shutdown,
+            discovery,
         }
     }
 
     pub fn into_server(self) -> PodInfoServiceServer<Self> {
         PodInfoServiceServer::new(self)
+    }
+
+    /// gRPC health of this API, for SIGTERM to turn `NOT_SERVING`.
+    pub fn discovery(&self) -> &Discovery {
+        &self.discovery
     }
 
     /// The synced list, or `UNAVAILABLE`.
@@ -337,79 +347,6 @@ impl PodInfoService for PodInfoApi {
     }
 }
 
-/// An accepted connection that knows its client.
-struct PeerStream {
-    io: UnixStream,
-    client: ClientKey,
-}
-
-impl PeerStream {
-    fn new(io: UnixStream, connection: u64) -> Self {
-        let client = match io.peer_cred() {
-            Ok(cred) => match cred.pid() {
-                Some(pid) => ClientKey::Process {
-                    uid: cred.uid(),
-                    pid,
-                },
-                None => ClientKey::Connection(connection),
-            },
-            Err(e) => {
-                tracing::debug!(error = %e, "no peer credentials; limiting per connection");
-                ClientKey::Connection(connection)
-            }
-        };
-        Self { io, client }
-    }
-}
-
-impl Connected for PeerStream {
-    type ConnectInfo = ClientKey;
-
-    fn connect_info(&self) -> ClientKey {
-        self.client
-    }
-}
-
-impl AsyncRead for PeerStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for PeerStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
-
 /// The bound socket; binding happens before anything is served, so a bad
 /// path fails start-up naming the flag.
 pub struct PodInfoListener {
@@ -442,14 +379,10 @@ impl PodInfoListener {
         shutdown: CancellationToken,
     ) -> Result<(), PodInfoError> {
         let Self { path, listener } = self;
-        let mut connection = 0u64;
-        let incoming = UnixListenerStream::new(listener).map(move |accepted| {
-            connection += 1;
-            accepted.map(|io| PeerStream::new(io, connection))
-        });
+        let incoming = grpc_unix::incoming(listener);
         tracing::info!(path = %path.display(), "PodInfo API listening");
         let serve = tonic::transport::Server::builder()
-            .add_service(api.into_server())
+            .add_routes(api.discovery.routes(api.clone().into_server()))
             .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
         // Graceful shutdown waits for every stream to finish; a client that
         // never reads its last message would hold the daemon forever.
@@ -527,7 +460,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let shutdown = CancellationToken::new();
         let metrics = PodInfoMetrics::register(&prometheus::Registry::new()).unwrap();
-        let api = PodInfoApi::new(pods, limit, metrics, shutdown.clone());
+        let api = PodInfoApi::new(pods, limit, metrics, shutdown.clone()).await;
         let listener = PodInfoListener::bind(&dir.path().join("podinfo.sock")).unwrap();
         let server = tokio::spawn(listener.serve(api, shutdown.clone()));
         Running {

@@ -61,6 +61,20 @@ pub fn slice(ns: &str, service: &str, ips: &[&str]) -> String {
     s
 }
 
+/// A Pod manifest; `conditions` are (type, status, reason) in status order.
+pub fn pod_yaml(ns: &str, name: &str, node: &str, conditions: &[(&str, &str, &str)]) -> String {
+    let mut s = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}, uid: uid-{name}}}\n\
+         spec: {{nodeName: {node}, containers: []}}\nstatus:\n  conditions:\n"
+    );
+    for (t, status, reason) in conditions {
+        s.push_str(&format!(
+            "  - {{type: {t}, status: \"{status}\", reason: \"{reason}\", lastTransitionTime: \"2024-05-01T10:00:00Z\"}}\n"
+        ));
+    }
+    s
+}
+
 /// Writes a file atomically (temp file + rename), as kubelet does for
 /// ConfigMap volumes, so the daemon never sees a half-written file.
 pub fn write_atomic(path: &Path, content: &str) {

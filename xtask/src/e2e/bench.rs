@@ -35,7 +35,7 @@ fn rate(bed: &Bed, target: &str) -> Result<f64> {
 }
 
 pub fn connect_rate(root: &Path) -> Result<()> {
-    let mut bed = Bed::new("ebpf", root.join("target/debug/ebpf-kube-proxy"))?;
+    let mut bed = Bed::new("ebpf", crate::paths::daemon_bin(root))?;
     let pod = bed.pods[0].ipv4.clone();
     bed.apply_manifests(&format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: bench, namespace: bench}}\n\

@@ -9,7 +9,7 @@ use super::bed::Bed;
 
 /// Runs the mini-node demo; needs root.
 pub fn traffic(root: &Path) -> Result<()> {
-    let mut bed = Bed::new("ebpf", root.join("target/debug/ebpf-kube-proxy"))?;
+    let mut bed = Bed::new("ebpf", crate::paths::daemon_bin(root))?;
     println!("==> mini node: {}", super::bed::describe(&bed));
     for p in &bed.pods {
         println!(

@@ -75,7 +75,7 @@ fn preflight() -> Result<()> {
 /// Runs the suite; returns (passed, failed, skipped).
 pub fn run(root: &Path, opts: &Options) -> Result<(usize, usize, usize)> {
     preflight()?;
-    let daemon_bin = root.join("target/debug/ebpf-kube-proxy");
+    let daemon_bin = crate::paths::daemon_bin(root);
     let mut bed = bed::Bed::new(&opts.proxy_mode, daemon_bin)?;
     println!(
         "e2e: proxy-mode {} ({})",
