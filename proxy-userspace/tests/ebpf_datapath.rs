@@ -258,6 +258,7 @@ fn service(
             uid: String::new(),
             service_type: LocalServiceType::ClusterIp,
             labels: BTreeMap::new(),
+            created: None,
             cluster_ips: IpSet::from_ips([ip].iter()),
             external_ips: IpSet::default(),
             load_balancer_ips: IpSet::default(),

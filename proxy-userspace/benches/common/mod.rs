@@ -33,6 +33,7 @@ pub fn cluster() -> ClusterState {
                 key: key.clone(),
                 uid: format!("uid-{i}"),
                 labels: BTreeMap::new(),
+                created: None,
                 service_type: ServiceType::ClusterIp,
                 cluster_ips: vec![IpAddr::V4(vip)],
                 external_ips: vec![],

@@ -53,6 +53,7 @@ fn service(s: &model::LocalService) -> pb::Service {
         uid,
         service_type,
         labels,
+        created: _,
         cluster_ips,
         external_ips,
         load_balancer_ips,

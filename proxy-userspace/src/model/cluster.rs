@@ -136,6 +136,9 @@ pub struct Service {
     pub key: ObjectKey,
     pub uid: String,
     pub labels: BTreeMap<String, String>,
+    /// `metadata.creationTimestamp` in Unix seconds: decides which service
+    /// owns an address two claim (see [`super::claims`]).
+    pub created: Option<i64>,
     pub service_type: ServiceType,
     /// `spec.clusterIPs` (or `spec.clusterIP`); empty when headless
     /// (`None`) or not allocated.
@@ -316,7 +319,8 @@ impl fmt::Display for ObjectRef {
 /// One validated object of any consumed kind.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Object {
-    Service(Service),
+    // Boxed: a Service is several times larger than the other objects.
+    Service(Box<Service>),
     EndpointSlice(EndpointSlice),
     Node(Node),
     Pod(Pod),
@@ -363,7 +367,7 @@ impl ClusterState {
             }
         }
         match change {
-            Change::Upsert(Object::Service(s)) => upsert(&mut self.services, s.key.clone(), s),
+            Change::Upsert(Object::Service(s)) => upsert(&mut self.services, s.key.clone(), *s),
             Change::Upsert(Object::EndpointSlice(s)) => {
                 upsert(&mut self.endpoint_slices, s.key.clone(), s)
             }
@@ -380,7 +384,10 @@ impl ClusterState {
 
     /// Every object, in kind then key order.
     pub fn objects(&self) -> impl Iterator<Item = Object> + '_ {
-        let services = self.services.values().cloned().map(Object::Service);
+        let services = self
+            .services
+            .values()
+            .map(|s| Object::Service(Box::new(s.clone())));
         let slices = self
             .endpoint_slices
             .values()

@@ -70,6 +70,9 @@ pub struct LocalService {
     pub uid: String,
     pub service_type: LocalServiceType,
     pub labels: BTreeMap<String, String>,
+    /// `metadata.creationTimestamp` in Unix seconds (not published on
+    /// localnet): the older service owns a contested address.
+    pub created: Option<i64>,
     pub cluster_ips: IpSet,
     pub external_ips: IpSet,
     /// Ingress IPs with ipMode unset or `VIP`.

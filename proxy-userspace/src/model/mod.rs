@@ -6,9 +6,12 @@
 //! sorted [`LocalState`], so equal inputs give equal output and a revision is
 //! only bumped on a real change.
 
+pub mod claims;
 pub mod cluster;
 pub mod compute;
 pub mod local;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use cluster::*;
 pub use compute::{compute, NodeContext};

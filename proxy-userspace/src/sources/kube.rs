@@ -173,7 +173,7 @@ fn invalid(resource: &'static str, e: ObjectError) -> Update {
 }
 
 fn service(s: core::Service) -> Result<Object, ObjectError> {
-    objects::service(s).map(Object::Service)
+    objects::service(s).map(|s| Object::Service(Box::new(s)))
 }
 fn endpoint_slice(s: discovery::EndpointSlice) -> Result<Object, ObjectError> {
     objects::endpoint_slice(s).map(Object::EndpointSlice)

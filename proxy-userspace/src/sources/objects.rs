@@ -59,7 +59,7 @@ pub fn decode_object(value: serde_json::Value) -> Result<Decoded, ObjectError> {
         serde_json::from_value(v).map_err(|e| invalid("object", e.to_string()))
     }
     let object = match (api_version.as_str(), kind.as_str()) {
-        ("v1", "Service") => Object::Service(service(typed(value)?)?),
+        ("v1", "Service") => Object::Service(Box::new(service(typed(value)?)?)),
         ("discovery.k8s.io/v1", "EndpointSlice") => {
             Object::EndpointSlice(endpoint_slice(typed(value)?)?)
         }
@@ -299,6 +299,7 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
         key,
         uid: svc.metadata.uid.unwrap_or_default(),
         labels: svc.metadata.labels.unwrap_or_default(),
+        created: svc.metadata.creation_timestamp.as_ref().map(|t| t.0.timestamp()),
         service_type,
         cluster_ips,
         external_ips,

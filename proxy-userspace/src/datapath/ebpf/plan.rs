@@ -753,11 +753,7 @@ pub fn stable_slots(old: &[u32], want: &[u32]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{
-        EndpointConditions, EndpointHints, EndpointPort, EndpointScopes, IpSet, LocalEndpoint,
-        LocalService, LocalServiceType, PortMapping, TrafficPolicy,
-    };
-    use std::collections::BTreeMap;
+    use crate::model::{testing, EndpointScopes};
 
     fn vip(s: &str) -> Vip {
         let a: std::net::SocketAddr = s.parse().unwrap();
@@ -1220,61 +1216,16 @@ mod tests {
         external: &[&str],
         endpoints: &[(&str, u16, EndpointScopes)],
     ) -> ServiceEndpoints {
-        let ips = |v: &[&str]| {
-            IpSet::from_ips(
-                v.iter()
-                    .map(|s| s.parse::<IpAddr>().unwrap())
-                    .collect::<Vec<_>>()
-                    .iter(),
-            )
-        };
-        ServiceEndpoints {
-            service: LocalService {
-                key: ObjectKey::new("default", "web"),
-                uid: String::new(),
-                service_type: LocalServiceType::ClusterIp,
-                labels: BTreeMap::new(),
-                cluster_ips: ips(cluster),
-                external_ips: ips(external),
-                load_balancer_ips: IpSet::default(),
-                ports: vec![PortMapping {
-                    name: "http".into(),
-                    protocol: Protocol::Tcp,
-                    port: 80,
-                    node_port: 0,
-                    target_port: 8080,
-                    target_port_name: String::new(),
-                    app_protocol: String::new(),
-                }],
-                internal_traffic_policy: TrafficPolicy::Cluster,
-                external_traffic_policy: TrafficPolicy::Cluster,
-                session_affinity_timeout: Some(10800),
-                health_check_node_port: 0,
-                traffic_distribution: String::new(),
-                load_balancer_source_ranges: vec![],
-            },
-            endpoints: endpoints
-                .iter()
-                .map(|(ip, port, scopes)| LocalEndpoint {
-                    ip: ip.parse().unwrap(),
-                    hostname: String::new(),
-                    node_name: String::new(),
-                    zone: String::new(),
-                    local: false,
-                    conditions: EndpointConditions::default(),
-                    hints: EndpointHints::default(),
-                    ports: vec![EndpointPort {
-                        name: "http".into(),
-                        protocol: Protocol::Tcp,
-                        port: *port,
-                        scopes: *scopes,
-                    }],
-                    target_ref: None,
-                })
-                .collect(),
-            local_ready_endpoints_v4: 0,
-            local_ready_endpoints_v6: 0,
-        }
+        let mut se = testing::service("default", "web", cluster)
+            .with_external_ips(external)
+            .with_endpoints(
+                endpoints
+                    .iter()
+                    .map(|(ip, port, scopes)| testing::endpoint(ip, *port, *scopes)),
+            );
+        se.service.uid = String::new();
+        se.service.session_affinity_timeout = Some(10800);
+        se
     }
 
     #[test]

@@ -599,10 +599,7 @@ pub fn service_objects(se: &ServiceEndpoints, f: Family, cluster_cidrs: &[Cidr])
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::model::{
-        EndpointConditions, EndpointHints, EndpointPort, IpSet, LocalServiceType, ObjectKey,
-        PortMapping,
-    };
+    use crate::model::{EndpointConditions, EndpointHints, EndpointPort, IpSet};
 
     pub(in crate::datapath::nft) fn endpoint(ip: &str, internal: bool) -> LocalEndpoint {
         LocalEndpoint {
@@ -636,38 +633,11 @@ pub(super) mod tests {
         endpoints: Vec<LocalEndpoint>,
         affinity: Option<u32>,
     ) -> ServiceEndpoints {
-        ServiceEndpoints {
-            service: LocalService {
-                key: ObjectKey {
-                    namespace: "default".into(),
-                    name: "web".into(),
-                },
-                uid: String::new(),
-                service_type: LocalServiceType::ClusterIp,
-                labels: Default::default(),
-                cluster_ips: IpSet::from_ips(&["10.96.0.10".parse().unwrap()]),
-                external_ips: IpSet::default(),
-                load_balancer_ips: IpSet::default(),
-                ports: vec![PortMapping {
-                    name: "http".into(),
-                    protocol: Protocol::Tcp,
-                    port: 80,
-                    node_port: 0,
-                    target_port: 8080,
-                    target_port_name: String::new(),
-                    app_protocol: String::new(),
-                }],
-                internal_traffic_policy: TrafficPolicy::Cluster,
-                external_traffic_policy: TrafficPolicy::Cluster,
-                session_affinity_timeout: affinity,
-                health_check_node_port: 0,
-                traffic_distribution: String::new(),
-                load_balancer_source_ranges: Vec::new(),
-            },
-            endpoints,
-            local_ready_endpoints_v4: 0,
-            local_ready_endpoints_v6: 0,
-        }
+        let mut se = crate::model::testing::service("default", "web", &["10.96.0.10"])
+            .with_endpoints(endpoints);
+        se.service.uid = String::new();
+        se.service.session_affinity_timeout = affinity;
+        se
     }
 
     fn chain_text(objs: &ServiceObjects, chain: &str) -> Vec<String> {

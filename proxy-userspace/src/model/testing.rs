@@ -1,0 +1,139 @@
+//! Fixtures for tests of the model's consumers (datapaths, localnet,
+//! status): a [`ServiceEndpoints`] built in one line instead of forty.
+//! Compiled for the crate's own tests and, with the `testing` feature, for
+//! the integration tests and benches.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use super::cluster::{ObjectKey, Protocol, TrafficPolicy};
+use super::local::*;
+
+/// A ClusterIP service `ns/name` with one TCP port `http` 80 → 8080, the
+/// given ClusterIPs and no endpoints.
+pub fn service(ns: &str, name: &str, cluster_ips: &[&str]) -> ServiceEndpoints {
+    ServiceEndpoints {
+        service: LocalService {
+            key: ObjectKey::new(ns, name),
+            uid: format!("uid-{name}"),
+            service_type: LocalServiceType::ClusterIp,
+            labels: BTreeMap::new(),
+            created: None,
+            cluster_ips: ips(cluster_ips),
+            external_ips: IpSet::default(),
+            load_balancer_ips: IpSet::default(),
+            ports: vec![PortMapping {
+                name: "http".into(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                node_port: 0,
+                target_port: 8080,
+                target_port_name: String::new(),
+                app_protocol: String::new(),
+            }],
+            internal_traffic_policy: TrafficPolicy::Cluster,
+            external_traffic_policy: TrafficPolicy::Cluster,
+            session_affinity_timeout: None,
+            health_check_node_port: 0,
+            traffic_distribution: String::new(),
+            load_balancer_source_ranges: vec![],
+        },
+        endpoints: vec![],
+        local_ready_endpoints_v4: 0,
+        local_ready_endpoints_v6: 0,
+    }
+}
+
+/// Parses addresses into an [`IpSet`].
+pub fn ips(addrs: &[&str]) -> IpSet {
+    let parsed: Vec<IpAddr> = addrs
+        .iter()
+        .map(|a| a.parse().expect("an IP address"))
+        .collect();
+    IpSet::from_ips(&parsed)
+}
+
+/// A ready endpoint at `ip` backing port `http` on `port` with `scopes`.
+pub fn endpoint(ip: &str, port: u16, scopes: EndpointScopes) -> LocalEndpoint {
+    LocalEndpoint {
+        ip: ip.parse().expect("an IP address"),
+        hostname: String::new(),
+        node_name: String::new(),
+        zone: String::new(),
+        local: false,
+        conditions: EndpointConditions {
+            ready: true,
+            serving: true,
+            terminating: false,
+        },
+        hints: EndpointHints::default(),
+        ports: vec![EndpointPort {
+            name: "http".into(),
+            protocol: Protocol::Tcp,
+            port,
+            scopes,
+        }],
+        target_ref: None,
+    }
+}
+
+/// Every scope set: an endpoint usable for all traffic.
+pub const ALL_SCOPES: EndpointScopes = EndpointScopes {
+    cluster: true,
+    local: true,
+    internal: true,
+    external: true,
+};
+
+impl ServiceEndpoints {
+    /// Sets the externalIPs.
+    pub fn with_external_ips(mut self, addrs: &[&str]) -> Self {
+        self.service.external_ips = ips(addrs);
+        self
+    }
+
+    /// Sets the LoadBalancer ingress IPs (and the type).
+    pub fn with_load_balancer_ips(mut self, addrs: &[&str]) -> Self {
+        self.service.load_balancer_ips = ips(addrs);
+        self.service.service_type = LocalServiceType::LoadBalancer;
+        self
+    }
+
+    /// Gives every port a NodePort, `first` upwards (and the type, unless
+    /// already LoadBalancer).
+    pub fn with_node_port(mut self, first: u16) -> Self {
+        for (i, p) in self.service.ports.iter_mut().enumerate() {
+            p.node_port = first + i as u16;
+        }
+        if self.service.service_type == LocalServiceType::ClusterIp {
+            self.service.service_type = LocalServiceType::NodePort;
+        }
+        self
+    }
+
+    /// Sets the creationTimestamp (Unix seconds).
+    pub fn created_at(mut self, unix_seconds: i64) -> Self {
+        self.service.created = Some(unix_seconds);
+        self
+    }
+
+    /// Sets the service port number of every port.
+    pub fn with_port(mut self, port: u16) -> Self {
+        for p in &mut self.service.ports {
+            p.port = port;
+        }
+        self
+    }
+
+    /// Appends endpoints.
+    pub fn with_endpoints(mut self, endpoints: impl IntoIterator<Item = LocalEndpoint>) -> Self {
+        self.endpoints.extend(endpoints);
+        self
+    }
+}
+
+/// A state of `services`, sorted as `compute` sorts it.
+pub fn state(mut services: Vec<ServiceEndpoints>) -> LocalState {
+    services.sort_by(|a, b| a.service.key.cmp(&b.service.key));
+    LocalState { services }
+}
