@@ -299,7 +299,11 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
         key,
         uid: svc.metadata.uid.unwrap_or_default(),
         labels: svc.metadata.labels.unwrap_or_default(),
-        created: svc.metadata.creation_timestamp.as_ref().map(|t| t.0.timestamp()),
+        created: svc
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.timestamp()),
         service_type,
         cluster_ips,
         external_ips,
