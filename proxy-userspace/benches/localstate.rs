@@ -15,7 +15,7 @@ use ebpf_kube_proxy::localnet::client::{self, Target};
 use ebpf_kube_proxy::localnet::convert;
 use ebpf_kube_proxy::localnet::server::{Listeners, LocalnetService};
 use ebpf_kube_proxy::model::*;
-use ebpf_kube_proxy::sync::{snapshot_channel, Snapshot};
+use ebpf_kube_proxy::snapshot::{snapshot_channel, Snapshot};
 use prost::Message;
 use tokio_util::sync::CancellationToken;
 

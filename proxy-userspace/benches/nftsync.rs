@@ -11,12 +11,13 @@ mod common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ebpf_kube_proxy::apply::Applier;
 use ebpf_kube_proxy::datapath::nft::expr::key_text;
 use ebpf_kube_proxy::datapath::nft::rules::{self, Family, TABLE};
 use ebpf_kube_proxy::datapath::nft::{self, NftDatapath};
-use ebpf_kube_proxy::datapath::Datapath;
 use ebpf_kube_proxy::model::{compute, LocalState};
 
 use common::{cluster, report, ENDPOINTS_PER_SERVICE, SERVICES};
@@ -166,6 +167,7 @@ fn main() {
     let mut one_less = full.clone();
     let changed = 0;
     one_less.services[changed].endpoints.pop();
+    let (full, one_less) = (Arc::new(full), Arc::new(one_less));
     println!(
         "nftables datapath: {SERVICES} services, {} endpoints; full sync median of {FULL_RUNS}, one change median of {CHANGE_RUNS}",
         SERVICES * ENDPOINTS_PER_SERVICE
@@ -176,9 +178,9 @@ fn main() {
     let mut theirs = Vec::new();
     for _ in 0..FULL_RUNS {
         delete_tables();
-        let mut dp = NftDatapath::open(Vec::new()).expect("open");
+        let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).expect("open")));
         let t = Instant::now();
-        dp.apply(&LocalState::default(), &full).expect("full sync");
+        dp.apply(&full).expect("full sync");
         ours.push(t.elapsed());
         delete_tables();
         theirs.push(nft_file(&text));
@@ -192,17 +194,13 @@ fn main() {
     );
 
     delete_tables();
-    let mut dp = NftDatapath::open(Vec::new()).expect("open");
-    dp.apply(&LocalState::default(), &full).expect("full sync");
+    let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).expect("open")));
+    dp.apply(&full).expect("full sync");
     let mut ours = Vec::new();
     for i in 0..CHANGE_RUNS {
-        let (from, to) = if i % 2 == 0 {
-            (&full, &one_less)
-        } else {
-            (&one_less, &full)
-        };
+        let to = if i % 2 == 0 { &one_less } else { &full };
         let t = Instant::now();
-        dp.apply(from, to).expect("partial sync");
+        dp.apply(to).expect("partial sync");
         ours.push(t.elapsed());
     }
     let mut theirs = Vec::new();

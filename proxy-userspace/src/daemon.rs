@@ -1,9 +1,7 @@
 //! Wires the daemon together: source → syncer → (localnet server, datapath,
 //! status servers), and shuts everything down on SIGTERM/SIGINT.
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
@@ -12,22 +10,14 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, SourceConfig};
 use crate::datapath::{Datapath, DatapathChoice, DatapathConfig};
 use crate::localnet::server::{new_instance_id, Listeners, LocalnetService};
-use crate::model::{IpFamily, LocalState, NodeContext};
+use crate::model::{IpFamily, NodeContext};
 use crate::podinfo::{PodInfoApi, PodInfoError, PodInfoListener, PodInfoMetrics, RateLimit};
 use crate::sources::{self, file};
 use crate::status::{Status, StatusOptions, StatusServers};
-use crate::sync::{self, SnapshotReceiver};
+use crate::sync;
 
 /// Resources every source lists before it reports `Synced`.
 const SOURCE_RESOURCES: &[&str] = &["endpointslices", "nodes", "pods", "services"];
-
-/// Test hook, read from the environment (deliberately not a flag, so it is
-/// not on /flagz): while the file this names exists, the datapath runner
-/// applies nothing, as a stuck datapath would. Integration tests use it to
-/// see the health endpoints turn unhealthy and recover.
-const STALL_DATAPATH_ENV: &str = "EBPF_KUBE_PROXY_TEST_STALL_DATAPATH";
-/// How often a stalled runner looks at the stall file again.
-const STALL_RECHECK: Duration = Duration::from_millis(100);
 
 /// Test hook, read from the environment: after SIGTERM/SIGINT keep serving
 /// (readiness failing on `shutdown`) for this Go duration before stopping,
@@ -97,9 +87,9 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
     };
 
     let (source_tx, source_rx) = sources::channel();
-    let (snapshot_tx, snapshot_rx) = sync::snapshot_channel();
+    let (snapshot_tx, snapshot_rx) = crate::snapshot::snapshot_channel();
     let hcnp_snapshots = snapshot_rx.clone();
-    let (pods_tx, pods_rx) = sync::pod_snapshot_channel();
+    let (pods_tx, pods_rx) = crate::snapshot::pod_snapshot_channel();
     let node = NodeContext {
         node_name: config.node_name.clone(),
         synthesize_hints: matches!(config.source, SourceConfig::File { .. }),
@@ -138,12 +128,19 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
             }
         });
     }
-    tasks.spawn(run_datapath(
-        datapath,
-        snapshot_rx.clone(),
-        shutdown.clone(),
-        status.clone(),
-    ));
+    tasks.spawn({
+        let run = crate::apply::run(
+            crate::apply::Applier::new(datapath),
+            snapshot_rx.clone(),
+            shutdown.clone(),
+            status.clone(),
+            config.sync_period,
+        );
+        async move {
+            run.await;
+            Ok(())
+        }
+    });
     // gRPC health of each API, turned NOT_SERVING at SIGTERM (SPEC §10.6).
     let mut discoveries = Vec::new();
     {
@@ -253,48 +250,4 @@ fn select_datapath(config: &Config) -> anyhow::Result<(Box<dyn Datapath>, Datapa
         nodeport_addresses: config.nodeport_addresses.clone(),
     })
     .with_context(|| format!("--proxy-mode {}", config.proxy_mode))
-}
-
-/// Applies every new snapshot to the datapath, newest first: a slow apply
-/// skips intermediate revisions. Reports every apply to `status`.
-async fn run_datapath(
-    mut datapath: Box<dyn Datapath>,
-    mut snapshots: SnapshotReceiver,
-    shutdown: CancellationToken,
-    status: Arc<Status>,
-) -> anyhow::Result<()> {
-    let stall_file = std::env::var_os(STALL_DATAPATH_ENV).map(PathBuf::from);
-    let mut programmed: Arc<LocalState> = Arc::default();
-    loop {
-        let stalled = stall_file.as_deref().is_some_and(|p| p.exists());
-        let snapshot = snapshots.borrow_and_update().clone();
-        if snapshot.is_synced() && !stalled {
-            let started = std::time::Instant::now();
-            match datapath.apply(&programmed, &snapshot.state) {
-                Ok(stats) => {
-                    let elapsed = started.elapsed();
-                    status.datapath_applied(snapshot.rev, &snapshot.state, elapsed);
-                    status.set_map_entries(&datapath.map_entries());
-                    tracing::debug!(rev = snapshot.rev, mode = %datapath.mode(), services_changed = stats.services_changed, ?elapsed, "datapath applied");
-                    programmed = snapshot.state.clone();
-                }
-                Err(e) => {
-                    status.datapath_apply_failed();
-                    tracing::error!(rev = snapshot.rev, error = %e, "datapath apply failed; will retry with the next state")
-                }
-            }
-        }
-        let recheck = async {
-            if stalled {
-                tokio::time::sleep(STALL_RECHECK).await
-            } else {
-                std::future::pending().await
-            }
-        };
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            changed = snapshots.changed() => if changed.is_err() { return Ok(()) },
-            _ = recheck => {}
-        }
-    }
 }

@@ -4,6 +4,7 @@
 //! snapshots → consumers ([`localnet`] gRPC API, [`podinfo`] gRPC API,
 //! [`datapath`], [`status`]).
 
+pub mod apply;
 pub mod cli;
 pub mod commands;
 pub mod config;
@@ -16,6 +17,7 @@ pub mod localnet;
 pub mod model;
 pub mod net;
 pub mod podinfo;
+pub mod snapshot;
 pub mod sources;
 pub mod status;
 pub mod sync;

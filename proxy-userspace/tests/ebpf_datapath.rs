@@ -13,10 +13,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ebpf_kube_proxy::apply::Applier;
 use ebpf_kube_proxy::datapath::ebpf::{self, loader, EbpfConfig, EbpfDatapath};
-use ebpf_kube_proxy::datapath::Datapath;
 use ebpf_kube_proxy::model::{
     EndpointConditions, EndpointHints, EndpointPort, EndpointScopes, IpSet, LocalEndpoint,
     LocalService, LocalServiceType, LocalState, ObjectKey, PortMapping, Protocol, ServiceEndpoints,
@@ -363,7 +364,9 @@ fn cluster_ip_traffic_is_balanced_in_the_kernel_and_survives_a_restart() {
         bpffs_root: env.bpffs.clone(),
         cgroup_path: Some(env.cgroup.clone()),
     };
-    let mut dp = EbpfDatapath::open(&config).expect("loading the eBPF datapath");
+    let mut dp = Applier::new(Box::new(
+        EbpfDatapath::open(&config).expect("loading the eBPF datapath"),
+    ));
     let echo_ports = [("tcp", Protocol::Tcp, 80), ("dns", Protocol::Udp, 53)];
     let s1 = state(vec![
         service(
@@ -402,9 +405,9 @@ fn cluster_ip_traffic_is_balanced_in_the_kernel_and_survives_a_restart() {
             None,
         ),
     ]);
-    dp.apply(&LocalState::default(), &s1).expect("apply");
+    dp.apply(&Arc::new(s1.clone())).expect("apply");
     assert_eq!(loader::attached_programs(&env.cgroup).unwrap(), 8);
-    let entries = dp.map_entries();
+    let entries = dp.datapath().map_entries();
     assert!(
         entries.iter().all(|(_, n)| *n > 0) && entries.len() == 2,
         "{entries:?}"
@@ -480,7 +483,7 @@ fn cluster_ip_traffic_is_balanced_in_the_kernel_and_survives_a_restart() {
         s1.services[4].clone(),
     ]);
     let started = Instant::now();
-    let stats = dp.apply(&s1, &s2).expect("apply");
+    let stats = dp.apply(&Arc::new(s2.clone())).expect("apply");
     let took = started.elapsed();
     eprintln!("single-endpoint change programmed in {took:?} ({stats:?})");
     assert!(
@@ -506,7 +509,9 @@ fn cluster_ip_traffic_is_balanced_in_the_kernel_and_survives_a_restart() {
     };
     assert_eq!(s(&held.line(), "first"), "b2:one");
     drop(dp);
-    let mut dp = EbpfDatapath::open(&config).expect("re-opening (adopting) the datapath");
+    let mut dp = Applier::new(Box::new(
+        EbpfDatapath::open(&config).expect("re-opening (adopting) the datapath"),
+    ));
     let r = env.client(true, &["tcp", "10.96.0.10", "80"]);
     assert_eq!(
         s(&r, "reply"),
@@ -514,9 +519,12 @@ fn cluster_ip_traffic_is_balanced_in_the_kernel_and_survives_a_restart() {
         "served before the first apply: {r}"
     );
     let stats = dp
-        .apply(&LocalState::default(), &s2)
+        .apply(&Arc::new(s2.clone()))
         .expect("apply after restart");
-    assert_eq!(stats.services_changed, 0, "adopted maps already match");
+    assert_eq!(
+        stats.stats.services_changed, 0,
+        "adopted maps already match"
+    );
     held.stdin
         .write_all(b"go\n")
         .expect("signalling the client");
@@ -543,7 +551,7 @@ fn cluster_ip_traffic_is_balanced_in_the_kernel_and_survives_a_restart() {
 
     // Removing a service: its address is no longer translated.
     let s3 = state(vec![s2.services[1].clone()]);
-    dp.apply(&s2, &s3).expect("apply");
+    dp.apply(&Arc::new(s3.clone())).expect("apply");
     let r = env.client(true, &["tcp", "10.96.0.10", "80"]);
     assert_eq!(
         r["errno"].as_i64(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use ebpf_kube_proxy::localnet::client::{self, Target};
 use ebpf_kube_proxy::localnet::server::{Listeners, LocalnetService};
 use ebpf_kube_proxy::model::{compute, ClusterState, NodeContext};
-use ebpf_kube_proxy::sync::{snapshot_channel, Snapshot};
+use ebpf_kube_proxy::snapshot::{snapshot_channel, Snapshot};
 use proto::localnet::v1 as pb;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;

@@ -15,6 +15,7 @@ pub mod none;
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::model::claims::Claims;
 use crate::model::{LocalState, ObjectKey, ServiceEndpoints};
 use crate::net::Cidr;
 
@@ -60,10 +61,33 @@ pub enum DatapathError {
     Ebpf(ebpf::EbpfError),
 }
 
+/// One service to reprogram: its version in the next state (`None`: gone).
+#[derive(Clone, Copy, Debug)]
+pub struct ServiceChange<'a> {
+    pub key: &'a ObjectKey,
+    pub next: Option<&'a ServiceEndpoints>,
+}
+
+/// A datapath translates states into kernel writes; *when* and *what* to
+/// program is decided by the apply coordinator ([`crate::apply`]). Both
+/// calls program only the frontends `claims` says a service owns.
 pub trait Datapath: Send {
     fn mode(&self) -> ProxyMode;
-    /// Programs `next`, given that `prev` is what is programmed now.
-    fn apply(&mut self, prev: &LocalState, next: &LocalState) -> Result<ApplyStats, DatapathError>;
+    /// Programs `next` whole, whatever is in the kernel now (start-up,
+    /// adoption after a restart, and after any failure).
+    fn program_all(
+        &mut self,
+        next: &LocalState,
+        claims: &Claims,
+    ) -> Result<ApplyStats, DatapathError>;
+    /// Programs `changed` only, given that `prev` is what is programmed.
+    fn program_changes(
+        &mut self,
+        prev: &LocalState,
+        next: &LocalState,
+        changed: &[ServiceChange<'_>],
+        claims: &Claims,
+    ) -> Result<ApplyStats, DatapathError>;
     /// Registers the families only this datapath has (the nftables ones of
     /// SPEC §5.1) on `/metrics`.
     fn register_metrics(
@@ -159,57 +183,6 @@ pub fn select(
             let dp = nft::NftDatapath::open(config.cluster_cidrs.clone())?
                 .with_nodeport_addresses(config.nodeport_addresses.clone());
             Ok((Box::new(dp), choice(ProxyMode::Nftables, None)))
-        }
-    }
-}
-
-/// Number of services whose content differs between two sorted states.
-pub fn changed_services(prev: &LocalState, next: &LocalState) -> usize {
-    let mut changed = 0;
-    for_each_changed(prev, next, |_, _| changed += 1);
-    changed
-}
-
-/// Calls `f(key, next_version)` for every service that differs between two
-/// sorted states (`None`: the service is gone).
-pub fn for_each_changed<'a>(
-    prev: &'a LocalState,
-    next: &'a LocalState,
-    mut f: impl FnMut(&'a ObjectKey, Option<&'a ServiceEndpoints>),
-) {
-    use std::cmp::Ordering;
-    let (mut a, mut b) = (
-        prev.services.iter().peekable(),
-        next.services.iter().peekable(),
-    );
-    loop {
-        match (a.peek(), b.peek()) {
-            (None, None) => return,
-            (Some(x), None) => {
-                f(&x.service.key, None);
-                a.next();
-            }
-            (None, Some(y)) => {
-                f(&y.service.key, Some(y));
-                b.next();
-            }
-            (Some(x), Some(y)) => match x.service.key.cmp(&y.service.key) {
-                Ordering::Less => {
-                    f(&x.service.key, None);
-                    a.next();
-                }
-                Ordering::Greater => {
-                    f(&y.service.key, Some(y));
-                    b.next();
-                }
-                Ordering::Equal => {
-                    if x != y {
-                        f(&y.service.key, Some(y));
-                    }
-                    a.next();
-                    b.next();
-                }
-            },
         }
     }
 }

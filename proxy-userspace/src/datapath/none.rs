@@ -1,6 +1,7 @@
 //! `--proxy-mode none`: nothing is programmed; the state is only published.
 
-use super::{changed_services, ApplyStats, Datapath, DatapathError, ProxyMode};
+use super::{ApplyStats, Datapath, DatapathError, ProxyMode, ServiceChange};
+use crate::model::claims::Claims;
 use crate::model::LocalState;
 
 #[derive(Debug, Default)]
@@ -11,9 +12,25 @@ impl Datapath for NoneDatapath {
         ProxyMode::None
     }
 
-    fn apply(&mut self, prev: &LocalState, next: &LocalState) -> Result<ApplyStats, DatapathError> {
+    fn program_all(
+        &mut self,
+        next: &LocalState,
+        _claims: &Claims,
+    ) -> Result<ApplyStats, DatapathError> {
         Ok(ApplyStats {
-            services_changed: changed_services(prev, next),
+            services_changed: next.services.len(),
+        })
+    }
+
+    fn program_changes(
+        &mut self,
+        _prev: &LocalState,
+        _next: &LocalState,
+        changed: &[ServiceChange<'_>],
+        _claims: &Claims,
+    ) -> Result<ApplyStats, DatapathError> {
+        Ok(ApplyStats {
+            services_changed: changed.len(),
         })
     }
 }

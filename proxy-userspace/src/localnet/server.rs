@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status};
 use super::convert;
 use crate::grpc_discovery::Discovery;
 use crate::grpc_unix::{self, bind_unix, remove_socket};
-use crate::sync::{Snapshot, SnapshotReceiver};
+use crate::snapshot::{Snapshot, SnapshotReceiver};
 
 /// Largest message the server sends and the client accepts (SPEC §6.2).
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;

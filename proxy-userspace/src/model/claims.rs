@@ -116,6 +116,8 @@ pub struct Claims {
     claimants: HashMap<Frontend, BTreeSet<Claimant>>,
     /// What each service claims.
     by_service: HashMap<ObjectKey, (Claimant, Vec<Frontend>)>,
+    /// Claims that lost to another service, kept as claims change.
+    lost: usize,
 }
 
 impl Claims {
@@ -148,6 +150,14 @@ impl Claims {
         affected.sort_unstable();
         affected.dedup();
         let before = owners_before(self, &affected);
+        let lost_here = |claims: &Claims| -> usize {
+            affected
+                .iter()
+                .filter_map(|f| claims.claimants.get(f))
+                .map(|set| set.len() - 1)
+                .sum()
+        };
+        self.lost -= lost_here(self);
         if let Some((claimant, fs)) = &old {
             for f in fs {
                 if let Some(set) = self.claimants.get_mut(f) {
@@ -167,6 +177,7 @@ impl Claims {
             }
             self.by_service.insert(key.clone(), (claimant, fs));
         }
+        self.lost += lost_here(self);
         for (f, was) in affected.iter().zip(before) {
             let now = self.owner(f).cloned();
             if now != was {
@@ -210,10 +221,18 @@ impl Claims {
 
     /// Claims that lost to another service (one per service and frontend).
     pub fn lost_claims(&self) -> usize {
-        self.claimants
-            .values()
-            .map(|set| set.len().saturating_sub(1))
-            .sum()
+        self.lost
+    }
+
+    /// The frontends `key` claims but another service owns, with that owner.
+    pub fn losses(&self, key: &ObjectKey) -> Vec<(Frontend, &ObjectKey)> {
+        let Some((_, fs)) = self.by_service.get(key) else {
+            return Vec::new();
+        };
+        fs.iter()
+            .filter_map(|f| Some((*f, self.owner(f)?)))
+            .filter(|(_, owner)| *owner != key)
+            .collect()
     }
 }
 

@@ -218,9 +218,13 @@ fn the_owner_going_away_hands_the_frontend_to_the_next_claimant() {
     assert!(claims.owns(&key("old"), &contested));
     assert_eq!(claims.lost_claims(), 2);
 
+    assert_eq!(claims.losses(&key("new")), [(contested, &key("old"))]);
+    assert!(claims.losses(&key("old")).is_empty());
+
     let touched = claims.update(&key("old"), None);
     assert_eq!(touched, BTreeSet::from([key("mid")]), "only the new owner");
     assert!(claims.owns(&key("mid"), &contested));
+    assert_eq!(claims.lost_claims(), 1);
 
     // The old service comes back: it is older, so it takes the address
     // back and `mid` must be reprogrammed without it.
@@ -271,6 +275,8 @@ fn incremental_updates_agree_with_a_fresh_computation() {
             present.push(s.clone());
             let fresh = Claims::of(&state(present.clone()));
             assert_eq!(claims.conflicts(), fresh.conflicts());
+            let lost: usize = fresh.conflicts().iter().map(|c| c.losers.len()).sum();
+            assert_eq!(claims.lost_claims(), lost);
         }
         for s in &services[..2] {
             claims.update(&s.service.key, None);

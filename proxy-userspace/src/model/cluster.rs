@@ -45,6 +45,21 @@ impl Protocol {
             Protocol::Sctp => "SCTP",
         }
     }
+
+    /// The IANA protocol number the kernel uses.
+    pub fn ip_number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+
+    pub fn from_ip_number(n: u8) -> Option<Self> {
+        [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+            .into_iter()
+            .find(|p| p.ip_number() == n)
+    }
 }
 
 impl fmt::Display for Protocol {

@@ -170,3 +170,47 @@ impl LocalState {
             .map(|i| &self.services[i])
     }
 }
+
+/// Calls `f(key, next_version)` for every service that differs between two
+/// sorted states (`None`: the service is gone).
+pub fn for_each_changed<'a>(
+    prev: &'a LocalState,
+    next: &'a LocalState,
+    mut f: impl FnMut(&'a ObjectKey, Option<&'a ServiceEndpoints>),
+) {
+    use std::cmp::Ordering;
+    let (mut a, mut b) = (
+        prev.services.iter().peekable(),
+        next.services.iter().peekable(),
+    );
+    loop {
+        match (a.peek(), b.peek()) {
+            (None, None) => return,
+            (Some(x), None) => {
+                f(&x.service.key, None);
+                a.next();
+            }
+            (None, Some(y)) => {
+                f(&y.service.key, Some(y));
+                b.next();
+            }
+            (Some(x), Some(y)) => match x.service.key.cmp(&y.service.key) {
+                Ordering::Less => {
+                    f(&x.service.key, None);
+                    a.next();
+                }
+                Ordering::Greater => {
+                    f(&y.service.key, Some(y));
+                    b.next();
+                }
+                Ordering::Equal => {
+                    if x != y {
+                        f(&y.service.key, Some(y));
+                    }
+                    a.next();
+                    b.next();
+                }
+            },
+        }
+    }
+}

@@ -1,7 +1,7 @@
 //! The PodInfo gRPC bridge (SPEC §7, KEP-4188 with its proto fixed): the
 //! conditions of the pods bound to this node, read-only, on a unix socket.
 //!
-//! Input: the syncer's [`crate::sync::PodSnapshot`] channel (this node's
+//! Input: the syncer's [`crate::snapshot::PodSnapshot`] channel (this node's
 //! pods, a revision that moves only when what PodInfo shows changes).
 //! Output: `ListPodConditions`, `GetPodConditions` and
 //! `WatchPodConditions`, admitted per client by a token bucket, and the

@@ -29,7 +29,7 @@ use super::limiter::{ClientKey, Limiter, RateLimit, Rejection, WatchSlot};
 use super::metrics::{Method, PodInfoMetrics};
 use crate::grpc_discovery::Discovery;
 use crate::grpc_unix::{self, bind_unix, remove_socket};
-use crate::sync::{PodSnapshot, PodSnapshotReceiver};
+use crate::snapshot::{PodSnapshot, PodSnapshotReceiver};
 
 /// Message of every call before the source has synced.
 pub const NOT_SYNCED: &str = "pod information not synced yet";
@@ -406,7 +406,7 @@ impl PodInfoListener {
 mod tests {
     use super::*;
     use crate::model::{ConditionStatus, ObjectKey, Pod, PodCondition};
-    use crate::sync::{pod_snapshot_channel, PodSnapshotSender};
+    use crate::snapshot::{pod_snapshot_channel, PodSnapshotSender};
     use proto::podinfo::v1alpha1::pod_info_service_client::PodInfoServiceClient;
     use tonic::Code;
 

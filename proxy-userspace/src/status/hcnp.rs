@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Status;
 use crate::model::{LocalServiceType, ObjectKey, TrafficPolicy};
-use crate::sync::SnapshotReceiver;
+use crate::snapshot::SnapshotReceiver;
 
 /// What one health-check port answers.
 #[derive(Clone, Debug, PartialEq, Eq)]

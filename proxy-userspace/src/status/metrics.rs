@@ -47,6 +47,7 @@ pub struct Metrics {
     pub datapath_fallbacks: IntCounterVec,
     pub datapath_apply_errors: IntCounterVec,
     pub datapath_map_entries: IntGaugeVec,
+    pub address_conflicts: IntGauge,
     pub localstate_revision: IntGauge,
     pub localstate_services: IntGauge,
     pub localstate_endpoints: IntGauge,
@@ -254,6 +255,13 @@ impl Metrics {
                 &["map"],
             )?,
         )?;
+        let address_conflicts = register(
+            r,
+            IntGauge::new(
+                "ebpf_kube_proxy_address_conflicts",
+                alpha("Service frontends (IP, protocol, port) not programmed because an older service claims the same one"),
+            )?,
+        )?;
         let localstate_revision = register(
             r,
             IntGauge::new(
@@ -322,6 +330,7 @@ impl Metrics {
             datapath_fallbacks,
             datapath_apply_errors,
             datapath_map_entries,
+            address_conflicts,
             localstate_revision,
             localstate_services,
             localstate_endpoints,

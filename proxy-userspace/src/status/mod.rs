@@ -346,6 +346,13 @@ impl Status {
         }
     }
 
+    /// Frontends lost to an older service claiming the same address.
+    pub fn set_address_conflicts(&self, lost_claims: usize) {
+        self.metrics
+            .address_conflicts
+            .set(i64::try_from(lost_claims).unwrap_or(i64::MAX));
+    }
+
     pub fn datapath_apply_failed(&self) {
         self.metrics
             .datapath_apply_errors

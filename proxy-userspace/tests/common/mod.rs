@@ -378,4 +378,10 @@ pub fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]
 pub fn get(addr: SocketAddr, path: &str) -> HttpResponse {
     http(addr, "GET", path, &[])
 }
+
+/// The value of one exact series (`name{labels}`) in an exposition.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
 pub mod fake_apiserver;

@@ -117,8 +117,14 @@ pub fn all() -> Vec<Scenario> {
             name: "cleanup-leaves-nothing-behind",
             run: cleanup,
         },
+        Scenario {
+            name: "contested-address-owned-by-the-older-service",
+            run: claims::contested_address_goes_to_the_older_then_the_next,
+        },
     ]
 }
+
+mod claims;
 
 // ---- manifests ----
 

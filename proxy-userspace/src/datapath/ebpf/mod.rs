@@ -23,12 +23,13 @@ pub mod loader;
 pub mod maps;
 pub mod plan;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use crate::model::{LocalState, ObjectKey};
 
-use super::{for_each_changed, ApplyStats, Datapath, DatapathError, ProxyMode};
+use super::{ApplyStats, Datapath, DatapathError, ProxyMode, ServiceChange};
+use crate::model::claims::Claims;
 use maps::KernelMaps;
 use plan::{Change, DesiredService, PlanProblem, Programmed, Vip};
 
@@ -130,13 +131,8 @@ impl From<EbpfError> for DatapathError {
 pub struct EbpfDatapath {
     maps: KernelMaps,
     view: Programmed,
-    /// Which service each programmed VIP belongs to (a VIP that two
-    /// services claim goes to the first in LocalState order).
-    owners: HashMap<Vip, ObjectKey>,
+    /// The VIPs each service has programmed (those it owns).
     owned: HashMap<ObjectKey, Vec<Vip>>,
-    /// Reconcile everything next time: at start (adopted maps), after an
-    /// error, and while two services claim one VIP.
-    full_next: bool,
 }
 
 impl std::fmt::Debug for EbpfDatapath {
@@ -168,99 +164,34 @@ impl EbpfDatapath {
         Ok(EbpfDatapath {
             maps: attached.maps,
             view,
-            owners: HashMap::new(),
             owned: HashMap::new(),
-            full_next: true,
         })
     }
 
-    fn apply_changes(
-        &mut self,
-        changes: Vec<Change<'_>>,
-    ) -> Result<(usize, Vec<PlanProblem>), EbpfError> {
+    fn apply_changes(&mut self, changes: Vec<Change<'_>>) -> Result<ApplyStats, EbpfError> {
         let plan = plan::plan(&self.view, changes);
         maps::execute(&plan.ops, &mut self.view, &mut self.maps)?;
         let gc = plan::plan_gc(&self.view);
         maps::execute(&gc, &mut self.view, &mut self.maps)?;
-        Ok((plan.vips_changed, plan.problems))
-    }
-
-    /// Every VIP of `next` against the whole view; VIPs in the maps that
-    /// `next` does not have are removed.
-    fn reconcile_all(&mut self, next: &LocalState) -> Result<(usize, Vec<PlanProblem>), EbpfError> {
-        let (desired, conflicts) = plan::desired_state(next);
-        for (vip, owner) in &conflicts {
-            let first = desired.iter().find(|d| d.vip == *vip).map(|d| &d.owner);
-            tracing::warn!(%vip, service = %owner, programmed_for = ?first.map(ToString::to_string), "two services claim one address; the first one is programmed");
+        if let Some(PlanProblem::TooManyBackends { vip, count }) = plan.problems.first() {
+            return Err(EbpfError::TooManyBackends {
+                vip: *vip,
+                count: *count,
+                max: proxy_common::MAX_BACKENDS_PER_SERVICE,
+            });
         }
-        let wanted: std::collections::HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
-        let mut stale: Vec<Vip> = self
-            .view
-            .services()
-            .map(|(vip, _)| *vip)
-            .filter(|vip| !wanted.contains(vip))
-            .collect();
-        stale.sort_unstable();
-        let changes = stale
-            .into_iter()
-            .map(Change::Remove)
-            .chain(desired.iter().map(Change::Upsert))
-            .collect();
-        let result = self.apply_changes(changes)?;
-        self.owners.clear();
-        self.owned.clear();
-        for d in &desired {
-            self.own(d);
-        }
-        self.full_next = !conflicts.is_empty();
-        Ok(result)
-    }
-
-    /// Only the services that differ between `prev` and `next`.
-    fn reconcile_changed(
-        &mut self,
-        prev: &LocalState,
-        next: &LocalState,
-    ) -> Result<(usize, Vec<PlanProblem>), EbpfError> {
-        let mut changed: Vec<(ObjectKey, Vec<DesiredService>)> = Vec::new();
-        for_each_changed(prev, next, |key, new| {
-            changed.push((
-                key.clone(),
-                new.map(plan::desired_services).unwrap_or_default(),
-            ));
-        });
-        let mut changes = Vec::new();
-        let mut conflict = false;
-        for (key, desired) in &changed {
-            let old_vips = self.owned.remove(key).unwrap_or_default();
-            for vip in old_vips {
-                if !desired.iter().any(|d| d.vip == vip) {
-                    self.owners.remove(&vip);
-                    changes.push(Change::Remove(vip));
-                }
-            }
-            for d in desired {
-                match self.owners.get(&d.vip) {
-                    Some(owner) if owner != key => conflict = true,
-                    _ => {
-                        self.own(d);
-                        changes.push(Change::Upsert(d));
-                    }
-                }
-            }
-        }
-        if conflict {
-            // Two services claim one address: only the whole state says
-            // which one wins (the first in LocalState order).
-            return self.reconcile_all(next);
-        }
-        let result = self.apply_changes(changes)?;
-        self.full_next = false;
-        Ok(result)
+        tracing::debug!(
+            vips_changed = plan.vips_changed,
+            service_entries = self.view.service_entry_count(),
+            backends = self.view.backend_count(),
+            "eBPF maps updated"
+        );
+        Ok(ApplyStats {
+            services_changed: plan.vips_changed,
+        })
     }
 
     fn own(&mut self, d: &DesiredService) {
-        self.owners.insert(d.vip, d.owner.clone());
         let vips = self.owned.entry(d.owner.clone()).or_default();
         if !vips.contains(&d.vip) {
             vips.push(d.vip);
@@ -280,34 +211,65 @@ impl Datapath for EbpfDatapath {
         ]
     }
 
-    fn apply(&mut self, prev: &LocalState, next: &LocalState) -> Result<ApplyStats, DatapathError> {
-        let full = self.full_next;
-        // Until this apply succeeds, the next one starts from the view.
-        self.full_next = true;
-        let (vips_changed, problems) = if full {
-            self.reconcile_all(next)?
-        } else {
-            self.reconcile_changed(prev, next)?
-        };
-        tracing::debug!(
-            full,
-            vips_changed,
-            service_entries = self.view.service_entry_count(),
-            backends = self.view.backend_count(),
-            "eBPF maps updated"
-        );
-        if let Some(PlanProblem::TooManyBackends { vip, count }) = problems.first() {
-            self.full_next = true;
-            return Err(EbpfError::TooManyBackends {
-                vip: *vip,
-                count: *count,
-                max: proxy_common::MAX_BACKENDS_PER_SERVICE,
-            }
-            .into());
+    /// Every owned VIP of `next` against the whole view; VIPs in the maps
+    /// that `next` does not have are removed.
+    fn program_all(
+        &mut self,
+        next: &LocalState,
+        claims: &Claims,
+    ) -> Result<ApplyStats, DatapathError> {
+        let desired = plan::desired_state(next, claims);
+        let wanted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
+        let mut stale: Vec<Vip> = self
+            .view
+            .services()
+            .map(|(vip, _)| *vip)
+            .filter(|vip| !wanted.contains(vip))
+            .collect();
+        stale.sort_unstable();
+        let changes = stale
+            .into_iter()
+            .map(Change::Remove)
+            .chain(desired.iter().map(Change::Upsert))
+            .collect();
+        self.owned.clear();
+        let stats = self.apply_changes(changes)?;
+        for d in &desired {
+            self.own(d);
         }
-        Ok(ApplyStats {
-            services_changed: vips_changed,
-        })
+        Ok(stats)
+    }
+
+    /// Only the changed services. Every removal goes first, and a VIP that
+    /// another changed service now owns is overwritten, not removed, so an
+    /// address handed from one service to another never has a gap.
+    fn program_changes(
+        &mut self,
+        _prev: &LocalState,
+        _next: &LocalState,
+        changed: &[ServiceChange<'_>],
+        claims: &Claims,
+    ) -> Result<ApplyStats, DatapathError> {
+        let desired: Vec<DesiredService> = changed
+            .iter()
+            .filter_map(|c| c.next)
+            .flat_map(|se| plan::desired_services(se, claims))
+            .collect();
+        let upserted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
+        let mut changes = Vec::new();
+        for c in changed {
+            for vip in self.owned.remove(c.key).unwrap_or_default() {
+                if !upserted.contains(&vip) {
+                    changes.push(Change::Remove(vip));
+                }
+            }
+        }
+        changes.extend(desired.iter().map(Change::Upsert));
+        let stats = self.apply_changes(changes)?;
+        for d in &desired {
+            self.own(d);
+        }
+        Ok(stats)
     }
 }
 

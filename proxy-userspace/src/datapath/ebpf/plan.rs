@@ -20,10 +20,11 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use proxy_common::{
-    Backend, ServiceKey, ServiceValue, FAMILY_V4, FAMILY_V6, MAX_BACKENDS_PER_SERVICE, PROTO_SCTP,
-    PROTO_TCP, PROTO_UDP, SVC_FLAG_AFFINITY,
+    Backend, ServiceKey, ServiceValue, FAMILY_V4, FAMILY_V6, MAX_BACKENDS_PER_SERVICE,
+    SVC_FLAG_AFFINITY,
 };
 
+use crate::model::claims::{Claims, Frontend, FrontendIp};
 use crate::model::{LocalState, ObjectKey, Protocol, ServiceEndpoints};
 
 /// A service address: one header (and its slots) in `EKP_SERVICES`.
@@ -71,20 +72,10 @@ pub fn decode_ip(addr: &[u32; 4], family: u8) -> Option<IpAddr> {
     }
 }
 
-pub fn protocol_number(p: Protocol) -> u8 {
-    match p {
-        Protocol::Tcp => PROTO_TCP,
-        Protocol::Udp => PROTO_UDP,
-        Protocol::Sctp => PROTO_SCTP,
-    }
-}
-
 pub fn protocol_name(p: u8) -> String {
-    match p {
-        PROTO_TCP => "TCP".to_owned(),
-        PROTO_UDP => "UDP".to_owned(),
-        PROTO_SCTP => "SCTP".to_owned(),
-        other => format!("proto-{other}"),
+    match Protocol::from_ip_number(p) {
+        Some(known) => known.as_str().to_owned(),
+        None => format!("proto-{p}"),
     }
 }
 
@@ -208,11 +199,11 @@ impl DesiredService {
 /// already encodes internalTrafficPolicy and topology); external IPs and
 /// load-balancer IPs reached from inside the node use the `cluster` scope.
 /// Node ports are not handled by the socket hooks.
-pub fn desired_services(se: &ServiceEndpoints) -> Vec<DesiredService> {
+pub fn desired_services(se: &ServiceEndpoints, claims: &Claims) -> Vec<DesiredService> {
     let svc = &se.service;
     let mut out = Vec::new();
     for pm in &svc.ports {
-        let proto = protocol_number(pm.protocol);
+        let proto = pm.protocol.ip_number();
         let backends = |family_v4: bool, internal: bool| -> Vec<BackendAddr> {
             let mut b: Vec<BackendAddr> = se
                 .endpoints
@@ -246,6 +237,14 @@ pub fn desired_services(se: &ServiceEndpoints) -> Vec<DesiredService> {
             .chain(svc.external_ips.iter().map(|ip| (ip, false)))
             .chain(svc.load_balancer_ips.iter().map(|ip| (ip, false)));
         for (ip, internal) in vips {
+            let frontend = Frontend {
+                ip: FrontendIp::Ip(ip),
+                protocol: pm.protocol,
+                port: pm.port,
+            };
+            if !claims.owns(&svc.key, &frontend) {
+                continue;
+            }
             out.push(DesiredService {
                 vip: Vip {
                     ip,
@@ -261,22 +260,13 @@ pub fn desired_services(se: &ServiceEndpoints) -> Vec<DesiredService> {
     out
 }
 
-/// Every VIP of a state; a VIP claimed twice goes to the first service
-/// (in LocalState order) and is reported in the second list.
-pub fn desired_state(state: &LocalState) -> (Vec<DesiredService>, Vec<(Vip, ObjectKey)>) {
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    let mut conflicts = Vec::new();
-    for se in &state.services {
-        for d in desired_services(se) {
-            if seen.insert(d.vip) {
-                out.push(d);
-            } else {
-                conflicts.push((d.vip, d.owner));
-            }
-        }
-    }
-    (out, conflicts)
+/// Every VIP of a state that its service owns.
+pub fn desired_state(state: &LocalState, claims: &Claims) -> Vec<DesiredService> {
+    state
+        .services
+        .iter()
+        .flat_map(|se| desired_services(se, claims))
+        .collect()
 }
 
 /// One VIP as it is in the kernel.
@@ -754,6 +744,7 @@ pub fn stable_slots(old: &[u32], want: &[u32]) -> Vec<u32> {
 mod tests {
     use super::*;
     use crate::model::{testing, EndpointScopes};
+    use proxy_common::PROTO_TCP;
 
     fn vip(s: &str) -> Vip {
         let a: std::net::SocketAddr = s.parse().unwrap();
@@ -1250,7 +1241,8 @@ mod tests {
                 ("fd00::1", 8080, both),
             ],
         );
-        let d = desired_services(&se);
+        let claims = Claims::of(&testing::state(vec![se.clone()]));
+        let d = desired_services(&se, &claims);
         let got: Vec<(String, Vec<String>, Option<u32>)> = d
             .iter()
             .map(|d| {
@@ -1285,18 +1277,22 @@ mod tests {
     }
 
     #[test]
-    fn a_vip_claimed_twice_goes_to_the_first_service() {
-        let a = service(&["10.96.0.10"], &[], &[]);
-        let mut b = service(&["10.96.0.20"], &["10.96.0.10"], &[]);
+    fn a_vip_claimed_twice_goes_to_its_owner_only() {
+        let a = service(&["10.96.0.10"], &[], &[]).created_at(2);
+        let mut b = service(&["10.96.0.20"], &["10.96.0.10"], &[]).created_at(1);
         b.service.key = ObjectKey::new("default", "zzz");
-        let state = LocalState {
-            services: vec![a, b],
-        };
-        let (d, conflicts) = desired_state(&state);
-        assert_eq!(d.len(), 2);
+        let state = testing::state(vec![a, b]);
+        let d = desired_state(&state, &Claims::of(&state));
+        let owners: Vec<(String, &str)> = d
+            .iter()
+            .map(|d| (d.vip.to_string(), d.owner.name.as_str()))
+            .collect();
         assert_eq!(
-            conflicts,
-            vec![(vip("10.96.0.10:80"), ObjectKey::new("default", "zzz"))]
+            owners,
+            [
+                ("10.96.0.20:80/TCP".to_owned(), "zzz"),
+                ("10.96.0.10:80/TCP".to_owned(), "zzz")
+            ]
         );
     }
 }

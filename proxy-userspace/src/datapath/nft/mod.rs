@@ -37,8 +37,9 @@ use std::time::Instant;
 use serde_json::json;
 use serde_json::Value;
 
-use super::{for_each_changed, ApplyStats, Datapath, DatapathError, ProxyMode};
-use crate::model::{LocalState, ObjectKey};
+use super::{ApplyStats, Datapath, DatapathError, ProxyMode, ServiceChange};
+use crate::model::claims::{Claims, Frontend, FrontendIp};
+use crate::model::{LocalState, ObjectKey, Protocol, ServiceEndpoints};
 use crate::net::Cidr;
 use expr::{key_bytes, key_text, KeyPart, Verdict};
 use netlink::{Batch, Element};
@@ -85,6 +86,22 @@ fn element(key: &[KeyPart], verdict: Option<&Verdict>) -> Element {
             (code, chain.map(str::to_owned))
         }),
     }
+}
+
+/// The frontend a map element answers for (`None`: not a frontend map).
+fn element_frontend(ek: &ElementKey) -> Option<Frontend> {
+    let (ip, protocol, port) = match ek.1.as_slice() {
+        [KeyPart::Addr(ip), KeyPart::Proto(p), KeyPart::Port(port)] => {
+            (FrontendIp::Ip(*ip), *p, *port)
+        }
+        [KeyPart::Proto(p), KeyPart::Port(port)] => (FrontendIp::NodePort, *p, *port),
+        _ => return None,
+    };
+    Some(Frontend {
+        ip,
+        protocol: Protocol::from_ip_number(protocol)?,
+        port,
+    })
 }
 
 fn hairpin_element(ip: IpAddr) -> Element {
@@ -166,13 +183,9 @@ pub struct NftDatapath {
     cluster_cidrs: Vec<Cidr>,
     /// What each service has programmed, per family.
     programmed: HashMap<(ObjectKey, Family), ServiceObjects>,
-    /// Which service a map element belongs to: the first service in
-    /// LocalState order wins an address two services claim.
-    element_owner: HashMap<(Family, ElementKey), ObjectKey>,
     /// How many services DNAT to an address (its `hairpin` element lives
     /// while this is above 0).
     hairpin_refs: HashMap<(Family, IpAddr), usize>,
-    full_next: bool,
     /// `--nodeport-addresses` (empty: every local address).
     nodeport_addresses: Vec<Cidr>,
     /// Why this datapath runs (the requested mode, auto's fallback
@@ -191,9 +204,7 @@ impl NftDatapath {
             metrics: None,
             cluster_cidrs,
             programmed: HashMap::new(),
-            element_owner: HashMap::new(),
             hairpin_refs: HashMap::new(),
-            full_next: true,
             note: "proxy-mode nftables".to_owned(),
             nodeport_addresses: Vec::new(),
         })
@@ -218,17 +229,33 @@ impl NftDatapath {
     /// that (a table left by another version with objects of the same name
     /// but another type), the table is deleted and re-created in one
     /// transaction instead: still no moment without rules.
-    fn full_sync(&mut self, f: Family, next: &LocalState) -> Result<(), NftError> {
-        match self.fill(f, next, false) {
+    fn full_sync(&mut self, f: Family, next: &LocalState, claims: &Claims) -> Result<(), NftError> {
+        match self.fill(f, next, claims, false) {
             Err(NftError::Rejected { reason, .. }) => {
                 tracing::warn!(family = f.nft(), %reason, "refilling the nftables table in place was refused; re-creating it");
-                self.fill(f, next, true)
+                self.fill(f, next, claims, true)
             }
             other => other,
         }
     }
 
-    fn fill(&mut self, f: Family, next: &LocalState, recreate: bool) -> Result<(), NftError> {
+    /// The objects of `se` in family `f`, without the map elements of
+    /// frontends another service owns.
+    fn owned_objects(&self, se: &ServiceEndpoints, f: Family, claims: &Claims) -> ServiceObjects {
+        let mut objs = rules::service_objects(se, f, &self.cluster_cidrs);
+        objs.elements.retain(|ek, _| {
+            element_frontend(ek).is_none_or(|fr| claims.owns(&se.service.key, &fr))
+        });
+        objs
+    }
+
+    fn fill(
+        &mut self,
+        f: Family,
+        next: &LocalState,
+        claims: &Claims,
+        recreate: bool,
+    ) -> Result<(), NftError> {
         let fam = f.nfproto_u8();
         let (old_chains, old_sets) = if recreate {
             (Vec::new(), Vec::new())
@@ -236,7 +263,6 @@ impl NftDatapath {
             netlink::list_objects(fam, TABLE)
                 .map_err(|e| NftError::Exec(format!("listing table {} {TABLE}: {e}", f.nft())))?
         };
-        let mut owners = HashMap::new();
         let mut programmed = Vec::new();
         let mut hairpin: HashMap<(Family, IpAddr), usize> = HashMap::new();
         let mut wanted_chains: BTreeSet<String> = rules::BASE_CHAINS
@@ -247,19 +273,7 @@ impl NftDatapath {
         let mut wanted_sets: BTreeMap<String, u32> = BTreeMap::new();
         for se in &next.services {
             let key = &se.service.key;
-            let mut objs = rules::service_objects(se, f, &self.cluster_cidrs);
-            objs.elements.retain(|ek, _| {
-                match owners.entry((f, ek.clone())) {
-                    std::collections::hash_map::Entry::Occupied(_) => {
-                        tracing::warn!(service = %key, element = %key_text(&ek.1), "two services claim one address; the first one is programmed");
-                        false
-                    }
-                    std::collections::hash_map::Entry::Vacant(v) => {
-                        v.insert(key.clone());
-                        true
-                    }
-                }
-            });
+            let objs = self.owned_objects(se, f, claims);
             wanted_chains.extend(objs.chains.keys().cloned());
             wanted_sets.extend(objs.sets.iter().map(|(k, v)| (k.clone(), *v)));
             for ip in &objs.hairpin {
@@ -343,8 +357,6 @@ impl NftDatapath {
         }
         commit(f, b)?;
         self.programmed.retain(|(_, fam), _| *fam != f);
-        self.element_owner.retain(|(fam, _), _| *fam != f);
-        self.element_owner.extend(owners);
         self.hairpin_refs.retain(|(fam, _), _| *fam != f);
         self.hairpin_refs.extend(hairpin);
         for (key, objs) in programmed {
@@ -354,10 +366,15 @@ impl NftDatapath {
     }
 
     /// One transaction with only the services that changed.
+    ///
+    /// Element deletions come before additions, so an address handed from
+    /// one changed service to another is re-pointed in the same
+    /// transaction.
     fn partial_sync(
         &mut self,
         f: Family,
-        changed: &[(ObjectKey, Option<&crate::model::ServiceEndpoints>)],
+        changed: &[ServiceChange<'_>],
+        claims: &Claims,
     ) -> Result<(), NftError> {
         let fam = f.nfproto_u8();
         let mut del_elems: Vec<(ElementKey, Verdict)> = Vec::new();
@@ -366,47 +383,30 @@ impl NftDatapath {
         let (mut add_sets, mut add_chains) = (Vec::new(), Vec::new());
         let mut add_rule_sets: Vec<(String, Vec<expr::Rule>)> = Vec::new();
         let mut results = Vec::new();
-        // Changes to the owners and hairpin counts, applied once the
-        // kernel took the transaction (no copy of the whole tables: a
-        // one-service change stays small at any scale).
-        let mut owner_changes: HashMap<(Family, ElementKey), Option<ObjectKey>> = HashMap::new();
+        // Hairpin counts change once the kernel took the transaction (no
+        // copy of the whole tables: a one-service change stays small at
+        // any scale).
         let mut hairpin_delta: BTreeMap<IpAddr, isize> = BTreeMap::new();
-        for (key, next) in changed {
+        for c in changed {
+            let key = c.key;
             let old = self
                 .programmed
                 .get(&(key.clone(), f))
                 .cloned()
                 .unwrap_or_default();
-            let mut new = next
-                .map(|se| rules::service_objects(se, f, &self.cluster_cidrs))
+            let new = c
+                .next
+                .map(|se| self.owned_objects(se, f, claims))
                 .unwrap_or_default();
-            let owner_of = |ek: &ElementKey, changes: &HashMap<_, Option<ObjectKey>>| {
-                let k = (f, ek.clone());
-                match changes.get(&k) {
-                    Some(o) => o.clone(),
-                    None => self.element_owner.get(&k).cloned(),
-                }
-            };
-            new.elements.retain(|ek, _| match owner_of(ek, &owner_changes) {
-                Some(owner) if &owner != key && !old.elements.contains_key(ek) => {
-                    tracing::warn!(service = %key, element = %key_text(&ek.1), "two services claim one address; the first one is programmed");
-                    false
-                }
-                _ => true,
-            });
             for (ek, verdict) in &old.elements {
                 if new.elements.get(ek) != Some(verdict) {
                     del_elems.push((ek.clone(), verdict.clone()));
-                }
-                if !new.elements.contains_key(ek) {
-                    owner_changes.insert((f, ek.clone()), None);
                 }
             }
             for (ek, verdict) in &new.elements {
                 if old.elements.get(ek) != Some(verdict) {
                     add_elems.push((ek.clone(), verdict.clone()));
                 }
-                owner_changes.insert((f, ek.clone()), Some(key.clone()));
             }
             for ip in &old.hairpin {
                 *hairpin_delta.entry(*ip).or_default() -= 1;
@@ -502,12 +502,6 @@ impl NftDatapath {
             );
         }
         commit(f, b)?;
-        for (k, owner) in owner_changes {
-            match owner {
-                Some(o) => self.element_owner.insert(k, o),
-                None => self.element_owner.remove(&k),
-            };
-        }
         for (k, n) in counts {
             if n == 0 {
                 self.hairpin_refs.remove(&k);
@@ -534,8 +528,10 @@ impl Datapath for NftDatapath {
     fn map_entries(&self) -> Vec<(&'static str, usize)> {
         let mut counts: BTreeMap<&'static str, usize> =
             rules::BASE_SETS.iter().map(|m| (*m, 0)).collect();
-        for (_, (map, _)) in self.element_owner.keys() {
-            *counts.entry(map).or_default() += 1;
+        for objs in self.programmed.values() {
+            for (map, _) in objs.elements.keys() {
+                *counts.entry(map).or_default() += 1;
+            }
         }
         *counts.entry(rules::HAIRPIN).or_default() = self.hairpin_refs.len();
         counts.into_iter().collect()
@@ -549,47 +545,57 @@ impl Datapath for NftDatapath {
         Ok(())
     }
 
-    fn apply(&mut self, prev: &LocalState, next: &LocalState) -> Result<ApplyStats, DatapathError> {
+    fn program_all(
+        &mut self,
+        next: &LocalState,
+        claims: &Claims,
+    ) -> Result<ApplyStats, DatapathError> {
         let started = Instant::now();
-        let mut changed = Vec::new();
-        for_each_changed(prev, next, |key, new| changed.push((key.clone(), new)));
-        let full = self.full_next;
-        // A failure leaves the kernel as it was (one transaction) but our
-        // bookkeeping may no longer match it: start over next time.
-        self.full_next = true;
         for f in Family::ALL {
-            let synced = if full {
-                self.full_sync(f, next)
-            } else {
-                self.partial_sync(f, &changed)
-            };
-            if let Err(e) = synced {
-                if let Some(m) = &self.metrics {
-                    m.sync_failures.with_label_values(&[f.label()]).inc();
-                }
-                return Err(e.into());
-            }
+            let synced = self.full_sync(f, next, claims);
+            self.count_failure(f, &synced);
+            synced?;
         }
-        self.full_next = false;
         // A full sync (start-up, or after a failure) does not know what
         // the kernel's conntrack table holds: every UDP service is checked.
-        let flushes: Vec<conntrack::Flush> = if full {
-            conntrack::plan_startup(next)
-        } else {
-            changed
-                .iter()
-                .flat_map(|(key, new)| conntrack::plan(prev.service(key), *new))
-                .collect()
-        };
-        conntrack::run(&flushes);
-        tracing::debug!(full, services_changed = changed.len(), elapsed = ?started.elapsed(), "nftables synced");
+        conntrack::run(&conntrack::plan_startup(next));
+        tracing::debug!(services = next.services.len(), elapsed = ?started.elapsed(), "nftables full sync");
         Ok(ApplyStats {
-            services_changed: if full {
-                next.services.len()
-            } else {
-                changed.len()
-            },
+            services_changed: next.services.len(),
         })
+    }
+
+    fn program_changes(
+        &mut self,
+        prev: &LocalState,
+        _next: &LocalState,
+        changed: &[ServiceChange<'_>],
+        claims: &Claims,
+    ) -> Result<ApplyStats, DatapathError> {
+        let started = Instant::now();
+        for f in Family::ALL {
+            let synced = self.partial_sync(f, changed, claims);
+            self.count_failure(f, &synced);
+            synced?;
+        }
+        let flushes: Vec<conntrack::Flush> = changed
+            .iter()
+            .flat_map(|c| conntrack::plan(prev.service(c.key), c.next))
+            .collect();
+        conntrack::run(&flushes);
+        tracing::debug!(services_changed = changed.len(), elapsed = ?started.elapsed(), "nftables partial sync");
+        Ok(ApplyStats {
+            services_changed: changed.len(),
+        })
+    }
+}
+
+impl NftDatapath {
+    /// `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`.
+    fn count_failure(&self, f: Family, synced: &Result<(), NftError>) {
+        if let (Err(_), Some(m)) = (synced, &self.metrics) {
+            m.sync_failures.with_label_values(&[f.label()]).inc();
+        }
     }
 }
 
@@ -751,6 +757,19 @@ fn render_value(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apply::{Applied, Applier};
+    use std::sync::Arc;
+
+    /// A fresh datapath (a restarted daemon) programming `next`.
+    trait ProgramOnce {
+        fn program(self, next: &LocalState) -> Result<Applied, DatapathError>;
+    }
+
+    impl ProgramOnce for NftDatapath {
+        fn program(self, next: &LocalState) -> Result<Applied, DatapathError> {
+            Applier::new(Box::new(self)).apply(&Arc::new(next.clone()))
+        }
+    }
 
     /// Runs `f` on a thread in a new, empty network namespace (the `nft`
     /// it spawns inherits it), or returns `None` when not root.
@@ -788,7 +807,6 @@ mod tests {
     fn syncs_replace_then_update_only_what_changed_and_recover_after_a_failure() {
         use rules::tests::{endpoint, web};
         in_private_netns(|| {
-            let empty = LocalState::default();
             let two = LocalState {
                 services: vec![web(
                     vec![endpoint("10.244.1.11", true), endpoint("10.244.1.12", true)],
@@ -798,9 +816,9 @@ mod tests {
             let one = LocalState {
                 services: vec![web(vec![endpoint("10.244.1.11", true)], Some(30))],
             };
-            let mut dp = NftDatapath::open(Vec::new()).unwrap();
-            dp.apply(&empty, &two).unwrap();
-            let entries = dp.map_entries();
+            let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).unwrap()));
+            dp.apply(&Arc::new(two.clone())).unwrap();
+            let entries = dp.datapath().map_entries();
             assert!(entries.contains(&("service-ips", 1)), "{entries:?}");
             assert!(entries.contains(&("hairpin", 2)), "{entries:?}");
             assert!(
@@ -816,7 +834,13 @@ mod tests {
             assert!(text.contains("numgen random mod 2"), "{text}");
 
             // One endpoint goes: its chain and affinity set go with it.
-            assert_eq!(dp.apply(&two, &one).unwrap().services_changed, 1);
+            assert_eq!(
+                dp.apply(&Arc::new(one.clone()))
+                    .unwrap()
+                    .stats
+                    .services_changed,
+                1
+            );
             let text = listing();
             assert!(!text.contains("10.244.1.12"), "{text}");
             assert!(text.contains("dnat to 10.244.1.11:8080"), "{text}");
@@ -824,20 +848,20 @@ mod tests {
             // Someone deletes the table: the partial sync is rejected with
             // the reason, the next one rebuilds everything.
             nft_output(&["delete", "table", "ip", rules::TABLE]).unwrap();
-            let err = dp.apply(&one, &two).unwrap_err().to_string();
+            let err = dp.apply(&Arc::new(two.clone())).unwrap_err().to_string();
             assert!(
                 err.contains("nf_tables rejected the transaction (ip)")
                     && err.contains("No such file or directory"),
                 "{err}"
             );
-            dp.apply(&one, &two).unwrap();
+            dp.apply(&Arc::new(two.clone())).unwrap();
             assert!(listing().contains("dnat to 10.244.1.12:8080"));
 
             // No endpoints: rejected early, not dispatched.
             let none = LocalState {
                 services: vec![web(vec![], None)],
             };
-            dp.apply(&two, &none).unwrap();
+            dp.apply(&Arc::new(none.clone())).unwrap();
             let text = listing();
             assert!(
                 text.contains("10.96.0.10 . tcp . 80 : goto reject-chain"),
@@ -849,12 +873,12 @@ mod tests {
             // the state no longer has.
             NftDatapath::open(Vec::new())
                 .unwrap()
-                .apply(&empty, &two)
+                .program(&two)
                 .unwrap();
             NftDatapath::open(Vec::new())
                 .unwrap()
                 .with_note("proxy-mode auto fell back to nftables: no BTF".into())
-                .apply(&empty, &one)
+                .program(&one)
                 .unwrap();
             let text = listing();
             assert!(text.contains("dnat to 10.244.1.11:8080"), "{text}");
@@ -910,10 +934,10 @@ mod tests {
             };
             let cidrs: Vec<Cidr> = vec!["10.244.0.0/16".parse().unwrap()];
             let nodeport_addresses: Vec<Cidr> = vec!["192.168.100.0/24".parse().unwrap()];
-            let mut dp = NftDatapath::open(cidrs.clone())
+            let dp = NftDatapath::open(cidrs.clone())
                 .unwrap()
                 .with_nodeport_addresses(nodeport_addresses.clone());
-            dp.apply(&LocalState::default(), &state).unwrap();
+            dp.program(&state).unwrap();
             for f in Family::ALL {
                 let listing = nft_output(&["list", "table", f.nft(), TABLE])
                     .unwrap()
@@ -961,7 +985,7 @@ mod tests {
             };
             NftDatapath::open(Vec::new())
                 .unwrap()
-                .apply(&LocalState::default(), &state)
+                .program(&state)
                 .unwrap();
             let set = "aff-default/web/tcp/http/10.244.1.11/8080";
             nft_output(&["add", "element", "ip", TABLE, set, "{ 10.0.0.7 }"])
@@ -969,7 +993,7 @@ mod tests {
                 .unwrap();
             NftDatapath::open(Vec::new())
                 .unwrap()
-                .apply(&LocalState::default(), &state)
+                .program(&state)
                 .unwrap();
             let text = nft_output(&["list", "set", "ip", TABLE, set])
                 .unwrap()
@@ -1016,7 +1040,7 @@ mod tests {
             };
             NftDatapath::open(Vec::new())
                 .unwrap()
-                .apply(&LocalState::default(), &state)
+                .program(&state)
                 .unwrap();
             let text = listing();
             assert!(text.contains("dnat to 10.244.1.11:8080"), "{text}");
@@ -1053,8 +1077,8 @@ mod tests {
                 endpoint("10.244.1.12", true),
             ]);
             let one = udp(vec![endpoint("10.244.1.11", true)]);
-            let mut dp = NftDatapath::open(Vec::new()).unwrap();
-            dp.apply(&LocalState::default(), &two).unwrap();
+            let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).unwrap()));
+            dp.apply(&Arc::new(two.clone())).unwrap();
             let insert = |client: &str, sport: &str, backend: &str| {
                 let out = std::process::Command::new("conntrack")
                     .args([
@@ -1096,7 +1120,7 @@ mod tests {
             insert("10.244.2.5", "40000", "10.244.1.12");
             insert("10.244.2.6", "40001", "10.244.1.11");
             assert_eq!(backends(), ["10.244.1.11", "10.244.1.12"]);
-            dp.apply(&two, &one).unwrap();
+            dp.apply(&Arc::new(one.clone())).unwrap();
             assert_eq!(backends(), ["10.244.1.11"]);
 
             // A restart finds an entry that was never NATed (no rules at
@@ -1104,7 +1128,7 @@ mod tests {
             insert("10.244.2.7", "40002", "10.96.0.10");
             NftDatapath::open(Vec::new())
                 .unwrap()
-                .apply(&LocalState::default(), &one)
+                .program(&one)
                 .unwrap();
             assert_eq!(backends(), ["10.244.1.11"]);
             cleanup().unwrap();

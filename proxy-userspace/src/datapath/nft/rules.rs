@@ -160,14 +160,6 @@ pub fn l4(p: Protocol) -> &'static str {
     }
 }
 
-pub fn l4_number(p: Protocol) -> u8 {
-    match p {
-        Protocol::Tcp => 6,
-        Protocol::Udp => 17,
-        Protocol::Sctp => 132,
-    }
-}
-
 fn jump(target: &str) -> Stmt {
     Stmt::Verdict(Verdict::Jump(target.to_owned()))
 }
@@ -434,7 +426,7 @@ pub fn service_objects(se: &ServiceEndpoints, f: Family, cluster_cidrs: &[Cidr])
                 })
             })
             .collect();
-        let proto = l4_number(pm.protocol);
+        let proto = pm.protocol.ip_number();
         // nft's parser does not take ':' in names; IPv6 addresses are
         // written with '-' instead.
         let aff_set = |t: &Target<'_>| {
