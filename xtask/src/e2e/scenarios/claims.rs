@@ -22,7 +22,11 @@ const CONTESTED: &str = "10.96.0.150:80";
 /// Which pods answered 20 requests to the contested address.
 fn answering(bed: &Bed) -> Result<Vec<String>> {
     let r = request(bed, "tcp", CONTESTED, 20)?;
-    ensure!(r.errors.is_empty(), "failed requests: {:?}", r.errors.first());
+    ensure!(
+        r.errors.is_empty(),
+        "failed requests: {:?}",
+        r.errors.first()
+    );
     Ok(r.pods().into_keys().collect())
 }
 
@@ -74,8 +78,8 @@ pub(super) fn contested_address_goes_to_the_older_then_the_next(bed: &mut Bed) -
         new_yaml,
         slice_yaml(bed, &new, false, &[(1, "node-2")]),
     ]))?;
-    let took = wait_owner(bed, "pod2", Duration::from_secs(2))
-        .context("after the owner was deleted")?;
+    let took =
+        wait_owner(bed, "pod2", Duration::from_secs(2)).context("after the owner was deleted")?;
     println!("    contested address handed over in {took:?}");
 
     // It comes back: being older, it takes the address back.
