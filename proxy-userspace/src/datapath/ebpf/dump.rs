@@ -13,9 +13,9 @@ use proxy_common::{
 };
 use serde::Serialize;
 
+use super::codec::{protocol_name, BackendAddr, Header, Vip};
 use super::loader::{LINKS_DIR, PROGRAMS};
 use super::maps::{open_pinned, read_stats, KernelMaps};
-use super::plan::{protocol_name, BackendAddr, Header, Vip};
 use super::EbpfError;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]

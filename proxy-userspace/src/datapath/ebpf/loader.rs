@@ -25,7 +25,7 @@ use proxy_common::{
 };
 
 use super::maps::KernelMaps;
-use super::{EbpfConfig, EbpfError, BPFFS_MOUNT};
+use super::{chain, EbpfConfig, EbpfError, BPFFS_MOUNT};
 
 /// Program (function) names in the object, one per hook.
 pub const PROGRAMS: [&str; 8] = [
@@ -298,21 +298,6 @@ pub fn errno_in(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
         cur = err.source();
     }
     None
-}
-
-/// The error text with its causes, `a: b: c`.
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(err) = cur {
-        let t = err.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = err.source();
-    }
-    s
 }
 
 /// Permission errors become the capabilities error, whatever the step.

@@ -11,9 +11,9 @@ use proxy_common::{
     MAP_SERVICES, MAP_STATS, MAX_BACKENDS, MAX_SERVICE_ENTRIES,
 };
 
-use super::loader::chain;
-use super::plan::{BackendAddr, Op, Programmed, Vip};
-use super::EbpfError;
+use super::codec::{BackendAddr, Vip};
+use super::plan::{Op, Programmed};
+use super::{chain, EbpfError};
 
 /// The maps the daemon writes.
 pub struct KernelMaps {

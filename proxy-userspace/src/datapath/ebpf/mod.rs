@@ -18,6 +18,8 @@
 //! hook refuses connect()/sendmsg() at once with EPERM, the socket-level
 //! equivalent of kube-proxy's REJECT.
 
+pub mod codec;
+pub mod desired;
 pub mod dump;
 pub mod loader;
 pub mod maps;
@@ -30,8 +32,10 @@ use crate::model::{LocalState, ObjectKey};
 
 use super::{ApplyStats, Datapath, DatapathError, ProxyMode, ServiceChange};
 use crate::model::claims::Claims;
+use codec::Vip;
+use desired::DesiredService;
 use maps::KernelMaps;
-use plan::{Change, DesiredService, PlanProblem, Programmed, Vip};
+use plan::{Change, PlanProblem, Programmed};
 
 pub use loader::{cleanup, CleanupReport};
 
@@ -127,6 +131,21 @@ impl From<EbpfError> for DatapathError {
     }
 }
 
+/// The error text with its causes, `a: b: c`.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        let t = err.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = err.source();
+    }
+    s
+}
+
 /// The eBPF datapath of a running daemon.
 pub struct EbpfDatapath {
     maps: KernelMaps,
@@ -218,7 +237,7 @@ impl Datapath for EbpfDatapath {
         next: &LocalState,
         claims: &Claims,
     ) -> Result<ApplyStats, DatapathError> {
-        let desired = plan::desired_state(next, claims);
+        let desired = desired::desired_state(next, claims);
         let wanted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
         let mut stale: Vec<Vip> = self
             .view
@@ -253,7 +272,7 @@ impl Datapath for EbpfDatapath {
         let desired: Vec<DesiredService> = changed
             .iter()
             .filter_map(|c| c.next)
-            .flat_map(|se| plan::desired_services(se, claims))
+            .flat_map(|se| desired::desired_services(se, claims))
             .collect();
         let upserted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
         let mut changes = Vec::new();
