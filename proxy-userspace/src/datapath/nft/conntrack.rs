@@ -2,7 +2,7 @@
 //! client that keeps its source port keeps its conntrack entry, and with it
 //! the DNAT to an endpoint that is gone, or a flow that was never NATed
 //! because the service had no endpoints then. kube-proxy deletes those
-//! entries; so does this, over ctnetlink ([`netlink::ct`]).
+//! entries; so does this, over ctnetlink ([`ct`]).
 //!
 //! [`plan`] and [`plan_startup`] are pure: states in, the deletions out;
 //! [`run`] lists the family's UDP entries once and deletes the matching
@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use super::netlink::{self, ct};
+use super::nlsock::{NFPROTO_IPV4, NFPROTO_IPV6};
 use crate::model::{LocalState, Protocol, ServiceEndpoints};
 
 const UDP: u8 = 17;
@@ -166,11 +166,7 @@ pub fn run(flushes: &[Flush]) {
         if these.is_empty() {
             continue;
         }
-        let family = if v4 {
-            netlink::NFPROTO_IPV4
-        } else {
-            netlink::NFPROTO_IPV6
-        };
+        let family = if v4 { NFPROTO_IPV4 } else { NFPROTO_IPV6 };
         let entries = match ct::list(family, UDP) {
             Ok(e) => e,
             Err(e) => {
@@ -189,6 +185,167 @@ pub fn run(flushes: &[Flush]) {
             Ok(n) => tracing::debug!(deleted = n, "UDP conntrack entries deleted"),
             Err(e) => tracing::warn!(error = %e, "UDP conntrack cleanup failed"),
         }
+    }
+}
+
+/// ctnetlink (conntrack over netlink): list and delete entries.
+pub mod ct {
+    use std::io;
+
+    use super::super::nlsock::*;
+
+    const SUBSYS: u16 = 1;
+    const MSG_GET: u16 = 1;
+    const MSG_DELETE: u16 = 2;
+    const CTA_TUPLE_ORIG: u16 = 1;
+    const CTA_TUPLE_REPLY: u16 = 2;
+    const CTA_ZONE: u16 = 18;
+
+    /// One address/port tuple.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Tuple {
+        pub src: IpAddr,
+        pub dst: IpAddr,
+        pub proto: u8,
+        pub sport: u16,
+        pub dport: u16,
+    }
+
+    /// A conntrack entry: its original and reply directions.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Entry {
+        pub orig: Tuple,
+        pub reply: Tuple,
+        pub zone: Option<u16>,
+    }
+
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    fn tuple(buf: &[u8]) -> Option<Tuple> {
+        let (mut src, mut dst, mut proto, mut sport, mut dport) = (None, None, None, 0, 0);
+        for (k, v) in attrs(buf) {
+            match k {
+                1 => {
+                    for (ik, iv) in attrs(v) {
+                        let ip = match iv.len() {
+                            4 => <[u8; 4]>::try_from(iv)
+                                .ok()
+                                .map(|b| IpAddr::V4(Ipv4Addr::from(b))),
+                            16 => <[u8; 16]>::try_from(iv)
+                                .ok()
+                                .map(|b| IpAddr::V6(Ipv6Addr::from(b))),
+                            _ => None,
+                        };
+                        match ik {
+                            1 | 3 => src = ip,
+                            2 | 4 => dst = ip,
+                            _ => {}
+                        }
+                    }
+                }
+                2 => {
+                    for (pk, pv) in attrs(v) {
+                        match (pk, pv.len()) {
+                            (1, 1) => proto = Some(pv[0]),
+                            (2, 2) => sport = u16::from_be_bytes([pv[0], pv[1]]),
+                            (3, 2) => dport = u16::from_be_bytes([pv[0], pv[1]]),
+                            _ => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Some(Tuple {
+            src: src?,
+            dst: dst?,
+            proto: proto?,
+            sport,
+            dport,
+        })
+    }
+
+    fn parse(buf: &[u8]) -> Option<Entry> {
+        let a = attrs(buf);
+        let find = |kind| a.iter().find(|(k, _)| *k == kind).map(|(_, v)| *v);
+        Some(Entry {
+            orig: tuple(find(CTA_TUPLE_ORIG)?)?,
+            reply: tuple(find(CTA_TUPLE_REPLY)?)?,
+            zone: find(CTA_ZONE)
+                .filter(|v| v.len() == 2)
+                .map(|v| u16::from_be_bytes([v[0], v[1]])),
+        })
+    }
+
+    /// Every conntrack entry of `family` (`NFPROTO_IPV4`/`NFPROTO_IPV6`)
+    /// with protocol `proto`.
+    pub fn list(family: u8, proto: u8) -> io::Result<Vec<Entry>> {
+        let sock = Socket::open()?;
+        let mut out = Vec::new();
+        sock.dump_subsys(SUBSYS, MSG_GET, family, |a| {
+            if let Some(e) = parse(a) {
+                if e.orig.proto == proto && e.orig.src.is_ipv4() == (family == NFPROTO_IPV4) {
+                    out.push(e);
+                }
+            }
+        })?;
+        Ok(out)
+    }
+
+    fn encode_tuple(a: &mut Attrs, kind: u16, t: &Tuple) {
+        a.nest(kind, |n| {
+            n.nest(1, |ip| match (t.src, t.dst) {
+                (IpAddr::V4(s), IpAddr::V4(d)) => {
+                    ip.bytes(1, &s.octets()).bytes(2, &d.octets());
+                }
+                (IpAddr::V6(s), IpAddr::V6(d)) => {
+                    ip.bytes(3, &s.octets()).bytes(4, &d.octets());
+                }
+                _ => {}
+            });
+            n.nest(2, |p| {
+                p.bytes(1, &[t.proto])
+                    .bytes(2, &t.sport.to_be_bytes())
+                    .bytes(3, &t.dport.to_be_bytes());
+            });
+        });
+    }
+
+    /// Deletes `entries`; returns how many the kernel still had.
+    pub fn delete(family: u8, entries: &[Entry]) -> io::Result<usize> {
+        let sock = Socket::open()?;
+        let mut deleted = 0;
+        // A few hundred per datagram keeps the answers within the
+        // socket's receive buffer.
+        for chunk in entries.chunks(256) {
+            let mut buf = Vec::new();
+            for (i, e) in chunk.iter().enumerate() {
+                let mut a = Attrs::default();
+                encode_tuple(&mut a, CTA_TUPLE_ORIG, &e.orig);
+                if let Some(z) = e.zone {
+                    a.bytes(CTA_ZONE, &z.to_be_bytes());
+                }
+                push_message(
+                    &mut buf,
+                    (SUBSYS << 8) | MSG_DELETE,
+                    NLM_F_REQUEST | NLM_F_ACK,
+                    i as u32 + 1,
+                    family,
+                    0,
+                    &a.buf,
+                );
+            }
+            sock.send(&buf)?;
+            for (_, errno, _) in sock.read_acks()? {
+                // ENOENT: gone already (it timed out, or another delete).
+                if errno == 0 {
+                    deleted += 1;
+                } else if errno != libc::ENOENT {
+                    return Err(io::Error::from_raw_os_error(errno));
+                }
+            }
+        }
+        Ok(deleted)
     }
 }
 

@@ -9,8 +9,8 @@
 use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 
-use super::netlink::{Attrs, NFT_GOTO, NFT_JUMP, NFT_RETURN, NF_ACCEPT, NF_DROP};
-use super::rules::Family;
+use super::batch::{Family, NFT_GOTO, NFT_JUMP, NFT_RETURN, NF_ACCEPT, NF_DROP};
+use super::nlsock::Attrs;
 use crate::net::Cidr;
 
 /// The first 32-bit register (`NFT_REG32_00`); `0` is the verdict register.
@@ -547,10 +547,10 @@ mod tests {
             }],
             vec![],
         );
-        let names: Vec<String> = super::super::netlink::attrs(&r.encode(Family::V4).buf)
+        let names: Vec<String> = super::super::nlsock::attrs(&r.encode(Family::V4).buf)
             .iter()
             .map(|(_, e)| {
-                let inner = super::super::netlink::attrs(e);
+                let inner = super::super::nlsock::attrs(e);
                 String::from_utf8_lossy(inner[0].1)
                     .trim_end_matches('\0')
                     .to_owned()

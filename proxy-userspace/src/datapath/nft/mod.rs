@@ -24,9 +24,10 @@
 //!   nothing); the error names the failing command and the next apply is
 //!   a full one.
 
+pub mod batch;
 pub mod conntrack;
 pub mod expr;
-pub mod netlink;
+pub mod nlsock;
 pub mod rules;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -41,8 +42,8 @@ use super::{ApplyStats, Datapath, DatapathError, ProxyMode, ServiceChange};
 use crate::model::claims::{Claims, Frontend, FrontendIp};
 use crate::model::{LocalState, ObjectKey, Protocol, ServiceEndpoints};
 use crate::net::Cidr;
+use batch::{Batch, Element};
 use expr::{key_bytes, key_text, KeyPart, Verdict};
-use netlink::{Batch, Element};
 use rules::{ElementKey, Family, ServiceObjects, TABLE};
 
 #[derive(Debug, thiserror::Error)]
@@ -197,7 +198,7 @@ impl NftDatapath {
     /// Checks that nf_tables answers; nothing is programmed until the
     /// first apply.
     pub fn open(cluster_cidrs: Vec<Cidr>) -> Result<Self, NftError> {
-        netlink::list_objects(Family::V4.nfproto_u8(), TABLE)
+        batch::list_objects(Family::V4.nfproto_u8(), TABLE)
             .map_err(|e| NftError::Exec(format!("nf_tables over netlink: {e}")))?;
         tracing::info!(table = TABLE, "nftables datapath ready");
         Ok(NftDatapath {
@@ -260,7 +261,7 @@ impl NftDatapath {
         let (old_chains, old_sets) = if recreate {
             (Vec::new(), Vec::new())
         } else {
-            netlink::list_objects(fam, TABLE)
+            batch::list_objects(fam, TABLE)
                 .map_err(|e| NftError::Exec(format!("listing table {} {TABLE}: {e}", f.nft())))?
         };
         let mut programmed = Vec::new();
@@ -627,7 +628,7 @@ pub fn is_programmed() -> bool {
 }
 
 fn has_table(f: Family) -> Result<bool, NftError> {
-    netlink::list_tables(f.nfproto_u8())
+    batch::list_tables(f.nfproto_u8())
         .map(|tables| tables.iter().any(|t| t == TABLE))
         .map_err(|e| NftError::Exec(format!("listing nf_tables tables: {e}")))
 }
@@ -1109,7 +1110,7 @@ mod tests {
                 assert!(out.status.success(), "{out:?}");
             };
             let backends = || -> Vec<String> {
-                let mut v: Vec<String> = netlink::ct::list(netlink::NFPROTO_IPV4, 17)
+                let mut v: Vec<String> = conntrack::ct::list(nlsock::NFPROTO_IPV4, 17)
                     .unwrap()
                     .iter()
                     .map(|e| e.reply.src.to_string())

@@ -30,10 +30,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+pub use super::batch::Family;
+use super::batch::{SetSpec, NFT_SET_EVAL, NFT_SET_MAP, NFT_SET_TIMEOUT};
 use super::expr::{Field, KeyPart, Match, Rule, Stmt, Verdict};
-use super::netlink::{
-    SetSpec, NFPROTO_IPV4, NFPROTO_IPV6, NFT_SET_EVAL, NFT_SET_MAP, NFT_SET_TIMEOUT,
-};
 use crate::model::{
     EndpointScopes, LocalEndpoint, LocalService, Protocol, ServiceEndpoints, TrafficPolicy,
 };
@@ -65,74 +64,11 @@ const REJECT_CHAIN: &str = "reject-chain";
 
 // nft's datatype numbers, for set key types (concatenations shift each
 // part in by 6 bits, as nft does).
-const TYPE_IPV4: u32 = 7;
-const TYPE_IPV6: u32 = 8;
 const TYPE_INET_PROTO: u32 = 12;
 const TYPE_INET_SERVICE: u32 = 13;
 
 fn concat_type(parts: &[u32]) -> u32 {
     parts.iter().fold(0, |acc, t| (acc << 6) | t)
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
-
-    /// The nftables family name.
-    pub fn nft(self) -> &'static str {
-        match self {
-            Family::V4 => "ip",
-            Family::V6 => "ip6",
-        }
-    }
-
-    /// The `ip_family` metrics label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Family::V4 => "IPv4",
-            Family::V6 => "IPv6",
-        }
-    }
-
-    /// `NFPROTO_IPV4` / `NFPROTO_IPV6`.
-    pub fn nfproto(self) -> u32 {
-        u32::from(self.nfproto_u8())
-    }
-
-    pub fn nfproto_u8(self) -> u8 {
-        match self {
-            Family::V4 => NFPROTO_IPV4,
-            Family::V6 => NFPROTO_IPV6,
-        }
-    }
-
-    /// Address length in bytes.
-    pub fn addr_len(self) -> u32 {
-        match self {
-            Family::V4 => 4,
-            Family::V6 => 16,
-        }
-    }
-
-    fn addr_type(self) -> u32 {
-        match self {
-            Family::V4 => TYPE_IPV4,
-            Family::V6 => TYPE_IPV6,
-        }
-    }
-
-    fn of(ip: &IpAddr) -> Family {
-        if ip.is_ipv4() {
-            Family::V4
-        } else {
-            Family::V6
-        }
-    }
 }
 
 /// A map element's identity: the map and its key.

@@ -1,0 +1,544 @@
+//! nf_tables transactions: one [`Batch`] per sync, written by us, sent on
+//! the netlink socket of [`super::nlsock`]. No `nft` process, no cache
+//! dump: the datapath knows what it programmed, so a one-service change
+//! costs a few small messages whatever the table's size.
+//!
+//! Only what the proxy's ruleset needs is here: tables, chains, rules (the
+//! expressions come from [`super::expr`]), named sets and maps with their
+//! elements, and dumps of chain and set names.
+
+use std::io;
+use std::net::IpAddr;
+
+use super::nlsock::*;
+
+// nft's datatype numbers of addresses, for set key types.
+pub(super) const TYPE_IPV4: u32 = 7;
+pub(super) const TYPE_IPV6: u32 = 8;
+
+/// An nf_tables address family the proxy programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
+
+    /// The nftables family name.
+    pub fn nft(self) -> &'static str {
+        match self {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        }
+    }
+
+    /// The `ip_family` metrics label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
+    }
+
+    /// `NFPROTO_IPV4` / `NFPROTO_IPV6`.
+    pub fn nfproto(self) -> u32 {
+        u32::from(self.nfproto_u8())
+    }
+
+    pub fn nfproto_u8(self) -> u8 {
+        match self {
+            Family::V4 => NFPROTO_IPV4,
+            Family::V6 => NFPROTO_IPV6,
+        }
+    }
+
+    /// Address length in bytes.
+    pub fn addr_len(self) -> u32 {
+        match self {
+            Family::V4 => 4,
+            Family::V6 => 16,
+        }
+    }
+
+    pub(super) fn addr_type(self) -> u32 {
+        match self {
+            Family::V4 => TYPE_IPV4,
+            Family::V6 => TYPE_IPV6,
+        }
+    }
+
+    pub(super) fn of(ip: &IpAddr) -> Family {
+        if ip.is_ipv4() {
+            Family::V4
+        } else {
+            Family::V6
+        }
+    }
+}
+
+// enum nf_tables_msg_types
+const NEWTABLE: u16 = 0;
+const GETTABLE: u16 = 1;
+const DELTABLE: u16 = 2;
+const NEWCHAIN: u16 = 3;
+const GETCHAIN: u16 = 4;
+const DELCHAIN: u16 = 5;
+const NEWRULE: u16 = 6;
+const DELRULE: u16 = 8;
+const NEWSET: u16 = 9;
+const GETSET: u16 = 10;
+const DELSET: u16 = 11;
+const NEWSETELEM: u16 = 12;
+const DELSETELEM: u16 = 14;
+
+/// Set flags (`enum nft_set_flags`).
+pub const NFT_SET_MAP: u32 = 0x8;
+pub const NFT_SET_TIMEOUT: u32 = 0x10;
+pub const NFT_SET_EVAL: u32 = 0x20;
+/// The data type of verdict maps.
+pub const NFT_DATA_VERDICT: u32 = 0xffff_ff00;
+
+/// Verdict codes (netfilter's and nf_tables' own).
+pub const NF_DROP: i32 = 0;
+pub const NF_ACCEPT: i32 = 1;
+pub const NFT_JUMP: i32 = -3;
+pub const NFT_GOTO: i32 = -4;
+pub const NFT_RETURN: i32 = -5;
+
+/// A verdict-map or set element: its key bytes and, for maps, a verdict.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Element {
+    pub key: Vec<u8>,
+    pub verdict: Option<(i32, Option<String>)>,
+}
+
+/// A set to create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetSpec {
+    pub name: String,
+    pub flags: u32,
+    pub key_type: u32,
+    pub key_len: u32,
+    /// Milliseconds; 0 = none.
+    pub timeout_ms: u64,
+}
+
+/// One nf_tables transaction. Each message keeps a one-line description
+/// so a rejected batch names the failing part.
+pub struct Batch {
+    buf: Vec<u8>,
+    seq: u32,
+    first_seq: u32,
+    descriptions: Vec<String>,
+    set_id: u32,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Batch {
+    pub fn new() -> Batch {
+        let first_seq = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as u32)
+            .unwrap_or(1);
+        let mut b = Batch {
+            buf: Vec::new(),
+            seq: first_seq,
+            first_seq,
+            descriptions: Vec::new(),
+            set_id: 1,
+        };
+        b.header(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, &[], "batch begin");
+        b
+    }
+
+    /// The number of commands in the batch (begin/end excluded).
+    pub fn len(&self) -> usize {
+        self.descriptions.len() - 1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn header(&mut self, kind: u16, flags: u16, family: u8, attrs: &[u8], what: &str) {
+        let res_id = if kind == NFNL_MSG_BATCH_BEGIN || kind == NFNL_MSG_BATCH_END {
+            NFNL_SUBSYS_NFTABLES
+        } else {
+            0
+        };
+        push_message(&mut self.buf, kind, flags, self.seq, family, res_id, attrs);
+        self.seq = self.seq.wrapping_add(1);
+        self.descriptions.push(what.to_owned());
+    }
+
+    fn msg(&mut self, kind: u16, flags: u16, family: u8, attrs: Attrs, what: String) {
+        self.header(
+            (NFNL_SUBSYS_NFTABLES << 8) | kind,
+            NLM_F_REQUEST | flags,
+            family,
+            &attrs.buf,
+            &what,
+        );
+    }
+
+    pub fn add_table(&mut self, family: u8, table: &str) {
+        let mut a = Attrs::default();
+        a.str(1, table);
+        self.msg(
+            NEWTABLE,
+            NLM_F_CREATE,
+            family,
+            a,
+            format!("add table {table}"),
+        );
+    }
+
+    pub fn delete_table(&mut self, family: u8, table: &str) {
+        let mut a = Attrs::default();
+        a.str(1, table);
+        self.msg(DELTABLE, 0, family, a, format!("delete table {table}"));
+    }
+
+    /// `add chain`; `hook` = (type, hook number, priority) for base chains.
+    pub fn add_chain(
+        &mut self,
+        family: u8,
+        table: &str,
+        name: &str,
+        hook: Option<(&str, u32, i32)>,
+    ) {
+        let mut a = Attrs::default();
+        a.str(1, table).str(3, name);
+        if let Some((kind, hooknum, prio)) = hook {
+            a.nest(4, |h| {
+                h.be32(1, hooknum).be32(2, prio as u32);
+            });
+            a.be32(5, NF_ACCEPT as u32).str(7, kind);
+        }
+        self.msg(
+            NEWCHAIN,
+            NLM_F_CREATE,
+            family,
+            a,
+            format!("add chain {name}"),
+        );
+    }
+
+    /// A regular chain carrying `comment` (nft shows it in listings).
+    pub fn add_commented_chain(&mut self, family: u8, table: &str, name: &str, comment: &str) {
+        let mut a = Attrs::default();
+        a.str(1, table).str(3, name);
+        // libnftnl's user-data TLV: type 0 (comment), u8 length, the
+        // NUL-terminated text; 255 bytes at most.
+        let mut text: String = comment.chars().take(200).collect();
+        while text.len() > 250 {
+            text.pop();
+        }
+        let mut udata = vec![0u8, (text.len() + 1) as u8];
+        udata.extend_from_slice(text.as_bytes());
+        udata.push(0);
+        a.bytes(12, &udata);
+        self.msg(
+            NEWCHAIN,
+            NLM_F_CREATE,
+            family,
+            a,
+            format!("add chain {name}"),
+        );
+    }
+
+    pub fn delete_chain(&mut self, family: u8, table: &str, name: &str) {
+        let mut a = Attrs::default();
+        a.str(1, table).str(3, name);
+        self.msg(DELCHAIN, 0, family, a, format!("delete chain {name}"));
+    }
+
+    /// Removes every rule of `chain`, or of the whole table with `None`.
+    pub fn flush_rules(&mut self, family: u8, table: &str, chain: Option<&str>) {
+        let mut a = Attrs::default();
+        a.str(1, table);
+        if let Some(c) = chain {
+            a.str(2, c);
+        }
+        self.msg(
+            DELRULE,
+            0,
+            family,
+            a,
+            format!("flush chain {}", chain.unwrap_or("(all)")),
+        );
+    }
+
+    /// Appends a rule; `exprs` holds its encoded expression list and
+    /// `text` its nft form for error messages.
+    pub fn add_rule(&mut self, family: u8, table: &str, chain: &str, exprs: &Attrs, text: &str) {
+        let mut a = Attrs::default();
+        a.str(1, table).str(2, chain);
+        a.nest(4, |l| l.buf.extend_from_slice(&exprs.buf));
+        self.msg(
+            NEWRULE,
+            NLM_F_CREATE | NLM_F_APPEND,
+            family,
+            a,
+            format!("add rule {chain} {text}"),
+        );
+    }
+
+    pub fn add_set(&mut self, family: u8, table: &str, set: &SetSpec) {
+        let mut a = Attrs::default();
+        a.str(1, table)
+            .str(2, &set.name)
+            .be32(3, set.flags)
+            .be32(4, set.key_type)
+            .be32(5, set.key_len);
+        if set.flags & NFT_SET_MAP != 0 {
+            a.be32(6, NFT_DATA_VERDICT);
+        }
+        a.be32(10, self.set_id);
+        self.set_id += 1;
+        if set.timeout_ms > 0 {
+            a.be64(11, set.timeout_ms);
+        }
+        self.msg(
+            NEWSET,
+            NLM_F_CREATE,
+            family,
+            a,
+            format!("add set {}", set.name),
+        );
+    }
+
+    pub fn delete_set(&mut self, family: u8, table: &str, name: &str) {
+        let mut a = Attrs::default();
+        a.str(1, table).str(2, name);
+        self.msg(DELSET, 0, family, a, format!("delete set {name}"));
+    }
+
+    /// Removes every element of a set or map.
+    pub fn flush_set(&mut self, family: u8, table: &str, name: &str) {
+        let mut a = Attrs::default();
+        a.str(1, table).str(2, name);
+        self.msg(DELSETELEM, 0, family, a, format!("flush set {name}"));
+    }
+
+    fn elements(
+        &mut self,
+        kind: u16,
+        family: u8,
+        table: &str,
+        set: &str,
+        elems: &[Element],
+        what: String,
+    ) {
+        // A message must stay well under the 64 KiB an attribute length
+        // can describe: big element lists go in chunks.
+        for chunk in elems.chunks(512) {
+            let mut a = Attrs::default();
+            a.str(1, table).str(2, set);
+            a.nest(3, |list| {
+                for e in chunk {
+                    list.nest(NFTA_LIST_ELEM, |el| {
+                        el.data_value(1, &e.key);
+                        if let Some((code, chain)) = &e.verdict {
+                            el.data_verdict(2, *code, chain.as_deref());
+                        }
+                    });
+                }
+            });
+            let flags = if kind == NEWSETELEM { NLM_F_CREATE } else { 0 };
+            self.msg(kind, flags, family, a, what.clone());
+        }
+    }
+
+    pub fn add_elements(
+        &mut self,
+        family: u8,
+        table: &str,
+        set: &str,
+        elems: &[Element],
+        what: String,
+    ) {
+        self.elements(NEWSETELEM, family, table, set, elems, what);
+    }
+
+    pub fn delete_elements(
+        &mut self,
+        family: u8,
+        table: &str,
+        set: &str,
+        elems: &[Element],
+        what: String,
+    ) {
+        self.elements(DELSETELEM, family, table, set, elems, what);
+    }
+
+    /// Sends the batch as one transaction: all of it applies, or none.
+    pub fn commit(mut self) -> Result<(), CommitError> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        // The last command asks for an ack, so the answer always holds
+        // at least one message once the kernel is done.
+        self.header(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, &[], "batch end");
+        set_ack_on_last_command(&mut self.buf);
+        let sock = Socket::open().map_err(CommitError::Io)?;
+        sock.send(&self.buf).map_err(CommitError::Io)?;
+        let mut failures = Vec::new();
+        let mut acked = false;
+        for (seq, errno, ext) in sock.read_acks().map_err(CommitError::Io)? {
+            if errno == 0 {
+                acked = true;
+                continue;
+            }
+            let idx = seq.wrapping_sub(self.first_seq) as usize;
+            let what = self
+                .descriptions
+                .get(idx)
+                .cloned()
+                .unwrap_or_else(|| format!("message {seq}"));
+            let mut reason = io::Error::from_raw_os_error(errno).to_string();
+            if !ext.is_empty() {
+                reason.push_str(&format!(" ({ext})"));
+            }
+            failures.push(format!("{what}: {reason}"));
+        }
+        if !failures.is_empty() {
+            return Err(CommitError::Rejected(failures));
+        }
+        if !acked {
+            return Err(CommitError::Io(io::Error::other(
+                "the kernel did not answer the batch",
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Sets NLM_F_ACK on the last message before the batch end.
+fn set_ack_on_last_command(buf: &mut [u8]) {
+    let mut off = 0;
+    let mut last_cmd = None;
+    while off + 16 <= buf.len() {
+        let len = u32::from_ne_bytes(buf[off..off + 4].try_into().unwrap_or([0; 4])) as usize;
+        let kind = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
+        if kind != NFNL_MSG_BATCH_BEGIN && kind != NFNL_MSG_BATCH_END {
+            last_cmd = Some(off);
+        }
+        if len == 0 {
+            break;
+        }
+        off += len;
+    }
+    if let Some(off) = last_cmd {
+        let flags = u16::from_ne_bytes([buf[off + 6], buf[off + 7]]) | NLM_F_ACK;
+        buf[off + 6..off + 8].copy_from_slice(&flags.to_ne_bytes());
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    #[error("netlink: {0}")]
+    Io(io::Error),
+    #[error("{}", .0.join("; "))]
+    Rejected(Vec<String>),
+}
+
+/// The names of the tables of `family`.
+pub fn list_tables(family: u8) -> io::Result<Vec<String>> {
+    let sock = Socket::open()?;
+    let mut out = Vec::new();
+    sock.dump(GETTABLE, family, |a| {
+        if let Some((_, v)) = attrs(a).into_iter().find(|(k, _)| *k == 1) {
+            out.push(attr_str(v));
+        }
+    })?;
+    Ok(out)
+}
+
+/// A set as the kernel reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetInfo {
+    pub name: String,
+    pub timeout_ms: u64,
+}
+
+/// The chains and sets of `table` in `family` (empty when it is absent).
+pub fn list_objects(family: u8, table: &str) -> io::Result<(Vec<String>, Vec<SetInfo>)> {
+    let sock = Socket::open()?;
+    let mut chains = Vec::new();
+    sock.dump(GETCHAIN, family, |a| {
+        let a = attrs(a);
+        let t = a.iter().find(|(k, _)| *k == 1).map(|(_, v)| attr_str(v));
+        let n = a.iter().find(|(k, _)| *k == 3).map(|(_, v)| attr_str(v));
+        if let (Some(t), Some(n)) = (t, n) {
+            if t == table {
+                chains.push(n);
+            }
+        }
+    })?;
+    let mut sets = Vec::new();
+    sock.dump(GETSET, family, |a| {
+        let a = attrs(a);
+        let t = a.iter().find(|(k, _)| *k == 1).map(|(_, v)| attr_str(v));
+        let n = a.iter().find(|(k, _)| *k == 2).map(|(_, v)| attr_str(v));
+        let timeout = a
+            .iter()
+            .find(|(k, _)| *k == 11)
+            .and_then(|(_, v)| <[u8; 8]>::try_from(*v).ok())
+            .map(u64::from_be_bytes)
+            .unwrap_or(0);
+        if let (Some(t), Some(n)) = (t, n) {
+            if t == table && !n.starts_with("__") {
+                sets.push(SetInfo {
+                    name: n,
+                    timeout_ms: timeout,
+                });
+            }
+        }
+    })?;
+    Ok((chains, sets))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attributes_are_padded_and_nests_carry_their_length() {
+        let mut a = Attrs::default();
+        a.str(1, "ab").nest(2, |n| {
+            n.be32(1, 7);
+        });
+        assert_eq!(
+            a.buf,
+            [
+                7, 0, 1, 0, b'a', b'b', 0, 0, // "ab\0" padded to 8
+                12, 0, 2, 0x80, // nested, 4 + 8
+                8, 0, 1, 0, 0, 0, 0, 7,
+            ]
+        );
+        let parsed = attrs(&a.buf);
+        assert_eq!(parsed[0], (1, &b"ab\0"[..]));
+        assert_eq!(parsed[1].0, 2);
+    }
+
+    #[test]
+    fn the_last_command_asks_for_the_ack() {
+        let mut b = Batch::new();
+        b.add_table(NFPROTO_IPV4, "t");
+        b.add_table(NFPROTO_IPV4, "u");
+        b.header(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, &[], "end");
+        set_ack_on_last_command(&mut b.buf);
+        let msgs = messages(&b.buf);
+        let flags: Vec<u16> = msgs.iter().map(|m| m.1 & NLM_F_ACK).collect();
+        assert_eq!(flags, [0, 0, NLM_F_ACK, 0]);
+        assert_eq!(b.descriptions[2], "add table u");
+    }
+}
