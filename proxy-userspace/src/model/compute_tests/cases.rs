@@ -31,8 +31,7 @@ pub(super) fn cases() -> Vec<Case> {
         case(
             "row1_cluster_policies_use_every_ready_endpoint",
             vec![svc("web")],
-            vec![slice("web-a", "web")
-                .eps(vec![ep("10.1.0.1").on("n1"), ep("10.1.0.2").on("n2")])],
+            vec![slice("web-a", "web").eps(vec![ep("10.1.0.1").on("n1"), ep("10.1.0.2").on("n2")])],
             vec![Eps(
                 "web",
                 &["10.1.0.1 /TCP=8080:C-IE", "10.1.0.2 /TCP=8080:C-IE"],
@@ -47,8 +46,7 @@ pub(super) fn cases() -> Vec<Case> {
         case(
             "row3_lb_etp_local_external_uses_local_ready",
             vec![lb_etp_local()],
-            vec![slice("web-a", "web")
-                .eps(vec![ep("10.1.0.1").on("n2"), ep("10.1.0.2").on("n1")])],
+            vec![slice("web-a", "web").eps(vec![ep("10.1.0.1").on("n2"), ep("10.1.0.2").on("n1")])],
             vec![
                 Eps(
                     "web",
@@ -480,8 +478,7 @@ pub(super) fn cases() -> Vec<Case> {
                 .lb("192.0.2.10")
                 .lb_proxy("192.0.2.11")
                 .etp_local()],
-            vec![slice("web-a", "web")
-                .eps(vec![ep("10.1.0.1").on("n2"), ep("10.1.0.2").on("n1")])],
+            vec![slice("web-a", "web").eps(vec![ep("10.1.0.1").on("n2"), ep("10.1.0.2").on("n1")])],
             vec![
                 Eps(
                     "web",
@@ -514,8 +511,7 @@ pub(super) fn cases() -> Vec<Case> {
         case(
             "etp_local_with_external_ip_reported_local",
             vec![svc("web").ext_ip("198.51.100.1").etp_local()],
-            vec![slice("web-a", "web")
-                .eps(vec![ep("10.1.0.1").on("n2"), ep("10.1.0.2").on("n1")])],
+            vec![slice("web-a", "web").eps(vec![ep("10.1.0.1").on("n2"), ep("10.1.0.2").on("n1")])],
             vec![
                 Eps(
                     "web",
@@ -557,8 +553,7 @@ pub(super) fn cases() -> Vec<Case> {
         case(
             "itp_local_uses_local_ready_for_internal",
             vec![svc("web").itp_local()],
-            vec![slice("web-a", "web")
-                .eps(vec![ep("10.1.0.1").on("n1"), ep("10.1.0.2").on("n2")])],
+            vec![slice("web-a", "web").eps(vec![ep("10.1.0.1").on("n1"), ep("10.1.0.2").on("n2")])],
             vec![Eps(
                 "web",
                 &["10.1.0.1 /TCP=8080:-LI-", "10.1.0.2 /TCP=8080:----"],
@@ -580,8 +575,7 @@ pub(super) fn cases() -> Vec<Case> {
                 .kind(ServiceType::NodePort)
                 .node_port(30080)
                 .itp_local()],
-            vec![slice("web-a", "web")
-                .eps(vec![ep("10.1.0.1").on("n2"), ep("10.1.0.2").on("n1")])],
+            vec![slice("web-a", "web").eps(vec![ep("10.1.0.1").on("n2"), ep("10.1.0.2").on("n1")])],
             vec![Eps(
                 "web",
                 &["10.1.0.1 /TCP=8080:C--E", "10.1.0.2 /TCP=8080:CLIE"],
@@ -594,8 +588,7 @@ pub(super) fn cases() -> Vec<Case> {
                 .node_port(30080)
                 .itp_local()
                 .etp_local()],
-            vec![slice("web-a", "web")
-                .eps(vec![ep("10.1.0.1").on("n2"), ep("10.1.0.2").on("n1")])],
+            vec![slice("web-a", "web").eps(vec![ep("10.1.0.1").on("n2"), ep("10.1.0.2").on("n1")])],
             vec![Eps(
                 "web",
                 &["10.1.0.1 /TCP=8080:C---", "10.1.0.2 /TCP=8080:CLIE"],
@@ -1066,11 +1059,7 @@ pub(super) fn cases() -> Vec<Case> {
                 slice("web-v6", "web")
                     .v6()
                     .eps(vec![ep("fd00:1::10"), ep("fd00:1::9")]),
-                slice("web-v4", "web").eps(vec![
-                    ep("10.1.0.10"),
-                    ep("10.1.0.9"),
-                    ep("9.1.0.1"),
-                ]),
+                slice("web-v4", "web").eps(vec![ep("10.1.0.10"), ep("10.1.0.9"), ep("9.1.0.1")]),
             ],
             vec![Eps(
                 "web",

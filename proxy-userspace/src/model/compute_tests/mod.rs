@@ -402,8 +402,7 @@ fn run(case: &Case) {
     for exp in &case.expect {
         match exp {
             Eps(service, want) => {
-                let got: Vec<String> =
-                    get(&out, service).endpoints.iter().map(render).collect();
+                let got: Vec<String> = get(&out, service).endpoints.iter().map(render).collect();
                 assert_eq!(got, *want, "endpoints of ns/{service}");
             }
             Svcs(want) => {

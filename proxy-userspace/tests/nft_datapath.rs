@@ -1,0 +1,414 @@
+//! The nftables datapath against the real kernel, each test in a fresh
+//! network namespace of its own (root and `nft` needed): what the kernel
+//! holds after full and partial syncs, restarts, refusals and the UDP
+//! conntrack cleanup.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ebpf_kube_proxy::apply::{Applied, Applier};
+use ebpf_kube_proxy::datapath::nft::batch::{Batch, Family};
+use ebpf_kube_proxy::datapath::nft::expr::{self, Verdict};
+use ebpf_kube_proxy::datapath::nft::rules::{self, TABLE};
+use ebpf_kube_proxy::datapath::nft::{self, NftDatapath};
+use ebpf_kube_proxy::datapath::DatapathError;
+use ebpf_kube_proxy::model::testing;
+use ebpf_kube_proxy::model::{EndpointScopes, LocalEndpoint, LocalState, ServiceEndpoints};
+use ebpf_kube_proxy::net::Cidr;
+
+/// `default/web` (10.96.0.10, port http 80 → 8080) with `endpoints` and
+/// ClientIP affinity for `affinity` seconds.
+fn web(endpoints: Vec<LocalEndpoint>, affinity: Option<u32>) -> ServiceEndpoints {
+    let mut se = testing::service("default", "web", &["10.96.0.10"]).with_endpoints(endpoints);
+    se.service.uid = String::new();
+    se.service.session_affinity_timeout = affinity;
+    se
+}
+
+/// A ready endpoint on 8080; `internal`: on this node (n1), so usable
+/// for cluster-IP traffic with internalTrafficPolicy Local.
+fn endpoint(ip: &str, internal: bool) -> LocalEndpoint {
+    let mut ep = testing::endpoint(
+        ip,
+        8080,
+        EndpointScopes {
+            cluster: true,
+            local: internal,
+            internal,
+            external: true,
+        },
+    );
+    ep.node_name = "n1".into();
+    ep.local = internal;
+    ep
+}
+
+/// A fresh datapath (a restarted daemon) programming `next`.
+trait ProgramOnce {
+    fn program(self, next: &LocalState) -> Result<Applied, DatapathError>;
+}
+
+impl ProgramOnce for NftDatapath {
+    fn program(self, next: &LocalState) -> Result<Applied, DatapathError> {
+        Applier::new(Box::new(self)).apply(&Arc::new(next.clone()))
+    }
+}
+
+/// Runs `f` on a thread in a new, empty network namespace (the `nft`
+/// it spawns inherits it), or returns `None` when not root.
+fn in_private_netns<T: Send>(f: impl FnOnce() -> T + Send) -> Option<T> {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0
+        || std::process::Command::new("nft")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        eprintln!("skipped: needs root and nft");
+        return None;
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: unshare only moves this scoped test thread into a
+            // fresh network namespace; the host's rules are never seen.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+    .into()
+}
+
+fn listing() -> String {
+    nft::nft_output(&["list", "table", "ip", rules::TABLE])
+        .unwrap()
+        .unwrap_or_default()
+}
+
+#[test]
+fn syncs_replace_then_update_only_what_changed_and_recover_after_a_failure() {
+    in_private_netns(|| {
+        let two = LocalState {
+            services: vec![web(
+                vec![endpoint("10.244.1.11", true), endpoint("10.244.1.12", true)],
+                Some(30),
+            )],
+        };
+        let one = LocalState {
+            services: vec![web(vec![endpoint("10.244.1.11", true)], Some(30))],
+        };
+        let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).unwrap()));
+        dp.apply(&Arc::new(two.clone())).unwrap();
+        let entries = dp.datapath().map_entries();
+        assert!(entries.contains(&("service-ips", 1)), "{entries:?}");
+        assert!(entries.contains(&("hairpin", 2)), "{entries:?}");
+        assert!(
+            entries.contains(&("no-endpoint-services", 0)),
+            "{entries:?}"
+        );
+        let text = listing();
+        assert!(
+            text.contains("10.96.0.10 . tcp . 80 : goto svc-default/web/tcp/http"),
+            "{text}"
+        );
+        assert!(text.contains("dnat to 10.244.1.12:8080"), "{text}");
+        assert!(text.contains("numgen random mod 2"), "{text}");
+
+        // One endpoint goes: its chain and affinity set go with it.
+        assert_eq!(
+            dp.apply(&Arc::new(one.clone()))
+                .unwrap()
+                .stats
+                .services_changed,
+            1
+        );
+        let text = listing();
+        assert!(!text.contains("10.244.1.12"), "{text}");
+        assert!(text.contains("dnat to 10.244.1.11:8080"), "{text}");
+
+        // Someone deletes the table: the partial sync is rejected with
+        // the reason, the next one rebuilds everything.
+        nft::nft_output(&["delete", "table", "ip", rules::TABLE]).unwrap();
+        let err = dp.apply(&Arc::new(two.clone())).unwrap_err().to_string();
+        assert!(
+            err.contains("nf_tables rejected the transaction (ip)")
+                && err.contains("No such file or directory"),
+            "{err}"
+        );
+        dp.apply(&Arc::new(two.clone())).unwrap();
+        assert!(listing().contains("dnat to 10.244.1.12:8080"));
+
+        // No endpoints: rejected early, not dispatched.
+        let none = LocalState {
+            services: vec![web(vec![], None)],
+        };
+        dp.apply(&Arc::new(none.clone())).unwrap();
+        let text = listing();
+        assert!(
+            text.contains("10.96.0.10 . tcp . 80 : goto reject-chain"),
+            "{text}"
+        );
+        assert!(!text.contains("svc-default/web"), "{text}");
+
+        // A restarted daemon refills the table in place and drops what
+        // the state no longer has.
+        NftDatapath::open(Vec::new())
+            .unwrap()
+            .program(&two)
+            .unwrap();
+        NftDatapath::open(Vec::new())
+            .unwrap()
+            .with_note("proxy-mode auto fell back to nftables: no BTF".into())
+            .program(&one)
+            .unwrap();
+        let text = listing();
+        assert!(text.contains("dnat to 10.244.1.11:8080"), "{text}");
+        assert!(!text.contains("10.244.1.12"), "{text}");
+        assert!(!text.contains("reject-chain\n"), "{text}");
+
+        let dump = nft::dump_text().unwrap();
+        assert!(
+            dump.starts_with("table ip ebpf-kube-proxy\ndatapath: proxy-mode auto fell back to nftables: no BTF\n"),
+            "{dump}"
+        );
+        assert!(
+            dump.contains("service default/web\n  service-ips: 10.96.0.10 . tcp . 80 -> svc-default/web/tcp/http"),
+            "{dump}"
+        );
+        assert!(
+            dump.contains("  chain svc-default/web/tcp/http\n    ip saddr @aff-default/web/tcp/http/10.244.1.11/8080 meta l4proto tcp update"),
+            "{dump}"
+        );
+
+        assert_eq!(nft::cleanup().unwrap(), ["ip", "ip6"]);
+        assert!(!nft::is_programmed());
+    });
+}
+
+/// Every rule as the kernel holds it, printed by `nft`, reads exactly
+/// like our own text for it: the netlink encoding means what the text
+/// says.
+#[test]
+fn the_kernel_holds_the_rules_we_wrote() {
+    in_private_netns(|| {
+        let mut v4 = web(
+            vec![
+                endpoint("10.244.1.11", true),
+                endpoint("10.244.2.12", false),
+            ],
+            Some(60),
+        );
+        v4.service.ports[0].node_port = 30080;
+        v4.service.external_traffic_policy = ebpf_kube_proxy::model::TrafficPolicy::Local;
+        v4.service.load_balancer_ips =
+            ebpf_kube_proxy::model::IpSet::from_ips(&["192.0.2.10".parse().unwrap()]);
+        v4.service.load_balancer_source_ranges = vec!["198.51.100.0/24".into()];
+        let mut v6 = web(vec![endpoint("fd00:10:244::11", true)], None);
+        v6.service.key.name = "web6".into();
+        v6.service.cluster_ips =
+            ebpf_kube_proxy::model::IpSet::from_ips(&["fd00:10:96::10".parse().unwrap()]);
+        v6.endpoints[0].ports[0].protocol = ebpf_kube_proxy::model::Protocol::Udp;
+        v6.service.ports[0].protocol = ebpf_kube_proxy::model::Protocol::Udp;
+        let state = LocalState {
+            services: vec![v4, v6],
+        };
+        let cidrs: Vec<Cidr> = vec!["10.244.0.0/16".parse().unwrap()];
+        let nodeport_addresses: Vec<Cidr> = vec!["192.168.100.0/24".parse().unwrap()];
+        let dp = NftDatapath::open(cidrs.clone())
+            .unwrap()
+            .with_nodeport_addresses(nodeport_addresses.clone());
+        dp.program(&state).unwrap();
+        for f in Family::ALL {
+            let listing = nft::nft_output(&["list", "table", f.nft(), TABLE])
+                .unwrap()
+                .unwrap();
+            let held: BTreeMap<String, Vec<String>> =
+                nft::chains_of_listing(&listing).into_iter().collect();
+            let mut expected: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for (chain, rule) in rules::base_rules(f, &nodeport_addresses) {
+                expected
+                    .entry(chain.to_owned())
+                    .or_default()
+                    .push(rule.text(f));
+            }
+            for se in &state.services {
+                for (chain, rs) in rules::service_objects(se, f, &cidrs).chains {
+                    expected.insert(chain, rs.iter().map(|r| r.text(f)).collect());
+                }
+            }
+            let held_nonempty: BTreeMap<String, Vec<String>> =
+                held.into_iter().filter(|(_, r)| !r.is_empty()).collect();
+            assert_eq!(held_nonempty, expected, "{listing}");
+        }
+        let v4_listing = listing();
+        for text in [
+            "10.96.0.10 . tcp . 80 : goto svc-default/web/tcp/http",
+            "192.0.2.10 . tcp . 80 : goto ext-default/web/tcp/http",
+            "tcp . 30080 : goto ext-default/web/tcp/http",
+            "10.244.1.11 . 10.244.1.11",
+            "timeout 1m",
+        ] {
+            assert!(v4_listing.contains(text), "{text} missing: {v4_listing}");
+        }
+        nft::cleanup().unwrap();
+    });
+}
+
+/// A restarted daemon keeps the affinity entries of sets that still
+/// apply, and a transaction the kernel refuses names its failing part.
+#[test]
+fn affinity_survives_a_restart_and_a_refusal_names_the_command() {
+    in_private_netns(|| {
+        let state = LocalState {
+            services: vec![web(vec![endpoint("10.244.1.11", true)], Some(600))],
+        };
+        NftDatapath::open(Vec::new())
+            .unwrap()
+            .program(&state)
+            .unwrap();
+        let set = "aff-default/web/tcp/http/10.244.1.11/8080";
+        nft::nft_output(&["add", "element", "ip", TABLE, set, "{ 10.0.0.7 }"])
+            .unwrap()
+            .unwrap();
+        NftDatapath::open(Vec::new())
+            .unwrap()
+            .program(&state)
+            .unwrap();
+        let text = nft::nft_output(&["list", "set", "ip", TABLE, set])
+            .unwrap()
+            .unwrap();
+        assert!(text.contains("10.0.0.7"), "{text}");
+
+        let mut b = Batch::new();
+        let f = Family::V4;
+        let bad = expr::Rule::new(
+            vec![],
+            vec![expr::Stmt::Verdict(Verdict::Jump("no-such-chain".into()))],
+        );
+        b.add_rule(
+            f.nfproto_u8(),
+            TABLE,
+            "services",
+            &bad.encode(f),
+            &bad.text(f),
+        );
+        let err = nft::commit(f, b).unwrap_err().to_string();
+        assert!(
+            err.contains("add rule services jump no-such-chain"),
+            "{err}"
+        );
+        nft::cleanup().unwrap();
+    });
+}
+
+/// A table left by something else, with a `hairpin` of another type,
+/// is re-created rather than failing every sync.
+#[test]
+fn an_incompatible_leftover_table_is_recreated() {
+    in_private_netns(|| {
+        for cmd in [
+            vec!["add", "table", "ip", TABLE],
+            vec!["add", "set", "ip", TABLE, "hairpin", "{ type ipv4_addr ; }"],
+            vec!["add", "chain", "ip", TABLE, "stale-chain"],
+        ] {
+            nft::nft_output(&cmd).unwrap().unwrap();
+        }
+        let state = LocalState {
+            services: vec![web(vec![endpoint("10.244.1.11", true)], None)],
+        };
+        NftDatapath::open(Vec::new())
+            .unwrap()
+            .program(&state)
+            .unwrap();
+        let text = listing();
+        assert!(text.contains("dnat to 10.244.1.11:8080"), "{text}");
+        assert!(!text.contains("stale-chain"), "{text}");
+        assert!(text.contains("type ipv4_addr . ipv4_addr"), "{text}");
+        nft::cleanup().unwrap();
+    });
+}
+
+/// UDP entries to a removed endpoint go over ctnetlink, the others
+/// stay; at start-up, entries not reaching a current endpoint go.
+#[test]
+fn udp_conntrack_entries_of_gone_endpoints_are_deleted() {
+    if std::process::Command::new("conntrack")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: needs the conntrack tool to create entries");
+        return;
+    }
+    in_private_netns(|| {
+        let udp = |eps: Vec<ebpf_kube_proxy::model::LocalEndpoint>| {
+            let mut se = web(eps, None);
+            se.service.ports[0].protocol = ebpf_kube_proxy::model::Protocol::Udp;
+            for ep in &mut se.endpoints {
+                ep.ports[0].protocol = ebpf_kube_proxy::model::Protocol::Udp;
+            }
+            LocalState { services: vec![se] }
+        };
+        let two = udp(vec![
+            endpoint("10.244.1.11", true),
+            endpoint("10.244.1.12", true),
+        ]);
+        let one = udp(vec![endpoint("10.244.1.11", true)]);
+        let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).unwrap()));
+        dp.apply(&Arc::new(two.clone())).unwrap();
+        let insert = |client: &str, sport: &str, backend: &str| {
+            let out = std::process::Command::new("conntrack")
+                .args([
+                    "-I",
+                    "-p",
+                    "udp",
+                    "-s",
+                    client,
+                    "-d",
+                    "10.96.0.10",
+                    "--sport",
+                    sport,
+                    "--dport",
+                    "80",
+                    "--reply-src",
+                    backend,
+                    "--reply-dst",
+                    client,
+                    "--reply-port-src",
+                    "8080",
+                    "--reply-port-dst",
+                    sport,
+                    "-t",
+                    "100",
+                ])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+        };
+        let backends = || -> Vec<String> {
+            let mut v: Vec<String> = nft::conntrack::ct::list(nft::nlsock::NFPROTO_IPV4, 17)
+                .unwrap()
+                .iter()
+                .map(|e| e.reply.src.to_string())
+                .collect();
+            v.sort();
+            v
+        };
+        insert("10.244.2.5", "40000", "10.244.1.12");
+        insert("10.244.2.6", "40001", "10.244.1.11");
+        assert_eq!(backends(), ["10.244.1.11", "10.244.1.12"]);
+        dp.apply(&Arc::new(one.clone())).unwrap();
+        assert_eq!(backends(), ["10.244.1.11"]);
+
+        // A restart finds an entry that was never NATed (no rules at
+        // the time): it goes, the good one stays.
+        insert("10.244.2.7", "40002", "10.96.0.10");
+        NftDatapath::open(Vec::new())
+            .unwrap()
+            .program(&one)
+            .unwrap();
+        assert_eq!(backends(), ["10.244.1.11"]);
+        nft::cleanup().unwrap();
+    });
+}
