@@ -1,0 +1,393 @@
+//! Traffic from outside the node: NodePorts, externalIPs, LoadBalancer
+//! IPs, source ranges, externalTrafficPolicy, and the datapath fallback
+//! and cleanup.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+
+use super::*;
+
+/// A client outside the node reaches a NodePort on the node's address,
+/// spread over the endpoints (eTP=Cluster).
+pub(super) fn nodeport_outside(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode == "ebpf" {
+        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
+    }
+    ensure_daemon(bed)?;
+    let svc = Svc {
+        name: "np",
+        cluster_ip: "10.96.0.80",
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "",
+    };
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: np, namespace: e2e}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.80\n  ports:\n  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30080}\n".to_owned();
+    bed.apply_manifests(&docs(&[
+        service,
+        slice_yaml(bed, &svc, false, &three_pods()),
+    ]))?;
+    let target = format!("{}:30080", crate::e2e::bed::NODE_EXTERNAL_IP);
+    let outside = bed.outside_netns.clone();
+    let started = Instant::now();
+    loop {
+        let lines = bed.client(
+            Some(&outside),
+            &["--proto", "tcp", "--target", &target, "--count", "1"],
+        )?;
+        if Results::parse(&lines).ok_count() == 1 {
+            break;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(5),
+            "{target} not served from outside within 5 s: {lines:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let lines = bed.client(
+        Some(&outside),
+        &["--proto", "tcp", "--target", &target, "--count", "90"],
+    )?;
+    assert_spread(&Results::parse(&lines), 90, &["pod1", "pod2", "pod3"], 0.1)
+}
+
+/// `--nodeport-addresses`: with the node's outside subnet listed, the node
+/// port answers there; with only another subnet listed, the same request
+/// reaches no service (the node itself refuses it), while cluster IPs
+/// keep working.
+pub(super) fn nodeport_addresses(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode == "ebpf" {
+        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
+    }
+    let svc = Svc {
+        name: "npa",
+        cluster_ip: "10.96.0.150",
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "  type: NodePort\n",
+    };
+    let service =
+        service_yaml(&svc).replace("targetPort: 8080}", "targetPort: 8080, nodePort: 30150}");
+    let target = format!("{}:30150", crate::e2e::bed::NODE_EXTERNAL_IP);
+    let outside = bed.outside_netns.clone();
+    // A service only the second daemon knows: once it answers, that
+    // daemon has replaced the first one's rules.
+    let marker = Svc {
+        name: "npa-marker",
+        cluster_ip: "10.96.0.151",
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "",
+    };
+    let run = |bed: &mut Bed, cidr: &str, with_marker: bool| -> Result<()> {
+        if bed.daemon_running() {
+            bed.stop_daemon()?;
+        }
+        bed.daemon_args = vec!["--nodeport-addresses".into(), cidr.into()];
+        let mut manifests = vec![service.clone(), slice_yaml(bed, &svc, false, &three_pods())];
+        if with_marker {
+            manifests.push(service_yaml(&marker));
+            manifests.push(slice_yaml(bed, &marker, false, &three_pods()));
+        }
+        bed.apply_manifests(&docs(&manifests))?;
+        bed.start_daemon()
+    };
+    let result = (|| -> Result<()> {
+        run(bed, "192.168.100.0/24", false)?;
+        wait_until_served_from(
+            bed,
+            Some(&outside),
+            "tcp",
+            &target,
+            Duration::from_secs(5),
+            Duration::from_millis(300),
+        )?;
+        let r = request_from(bed, Some(&outside), "tcp", &target, 30, CLIENT_TIMEOUT)?;
+        assert_spread(&r, 30, &["pod1", "pod2", "pod3"], 0.1)?;
+
+        run(bed, "10.123.0.0/16", true)?;
+        wait_until_served(bed, "tcp", "10.96.0.151:80", Duration::from_secs(5))?;
+        // Cluster IPs are not affected.
+        let r = request(bed, "tcp", "10.96.0.150:80", 10)?;
+        ensure!(r.ok_count() == 10, "cluster IP failed: {:?}", r.errors);
+        let r = request_from(
+            bed,
+            Some(&outside),
+            "tcp",
+            &target,
+            10,
+            Duration::from_millis(500),
+        )?;
+        ensure!(
+            r.ok_count() == 0,
+            "node port answered outside --nodeport-addresses: {:?}",
+            r.pods()
+        );
+        Ok(())
+    })();
+    let _ = bed.stop_daemon();
+    bed.daemon_args.clear();
+    result
+}
+
+/// A client outside the node reaches an IPv6 NodePort on the node's IPv6
+/// address, spread over the endpoints' IPv6 addresses.
+pub(super) fn ipv6_nodeport_outside(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode == "ebpf" {
+        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
+    }
+    ensure_daemon(bed)?;
+    let svc = Svc {
+        name: "np6",
+        cluster_ip: "fd00:96::130",
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "",
+    };
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: np6, namespace: e2e}\nspec:\n  type: NodePort\n  clusterIP: fd00:96::130\n  ipFamilies: [IPv6]\n  ports:\n  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30130}\n".to_owned();
+    bed.apply_manifests(&docs(&[
+        service,
+        slice_yaml(bed, &svc, true, &three_pods()),
+    ]))?;
+    let target = format!("[{}]:30130", crate::e2e::bed::NODE_EXTERNAL_IPV6);
+    let outside = bed.outside_netns.clone();
+    wait_until_served_from(
+        bed,
+        Some(&outside),
+        "tcp",
+        &target,
+        Duration::from_secs(5),
+        DROP_TIMEOUT,
+    )
+    .with_context(|| format!("from {} outside the node", crate::e2e::bed::OUTSIDE_IPV6))?;
+    let r = request_from(bed, Some(&outside), "tcp", &target, 90, CLIENT_TIMEOUT)?;
+    assert_spread(&r, 90, &["pod1", "pod2", "pod3"], 0.1)
+        .with_context(|| format!("from {} to {target}", crate::e2e::bed::OUTSIDE_IPV6))
+}
+
+/// How long a request from outside gets before it counts as dropped: the
+/// bed's veths answer in well under a millisecond.
+pub(super) const DROP_TIMEOUT: Duration = Duration::from_millis(300);
+
+pub(super) const NO_EXTERNAL_DATAPATH: &str =
+    "the eBPF datapath has no tc programs for node-external traffic yet";
+
+/// A LoadBalancer service `name` on `cluster_ip`, TCP 80 → 8080, with
+/// `external_ip` in spec.externalIPs, `lb_ip` in
+/// status.loadBalancer.ingress and `extra_spec` (indented two spaces).
+/// Both addresses are outside every subnet of the bed: the outside
+/// namespace sends them to the node along its default route, as a router
+/// in front of the node would.
+pub(super) fn load_balancer_yaml(
+    name: &str,
+    cluster_ip: &str,
+    external_ip: &str,
+    lb_ip: &str,
+    extra_spec: &str,
+) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: e2e}}\n\
+         spec:\n  type: LoadBalancer\n  clusterIP: {cluster_ip}\n  externalIPs: [\"{external_ip}\"]\n\
+         {extra_spec}  ports:\n  - {{name: http, protocol: TCP, port: 80, targetPort: 8080}}\n\
+         status:\n  loadBalancer:\n    ingress:\n    - {{ip: \"{lb_ip}\"}}\n"
+    )
+}
+
+/// The Svc matching [`load_balancer_yaml`], for its EndpointSlice.
+pub(super) fn http_svc<'a>(name: &'a str, cluster_ip: &'a str) -> Svc<'a> {
+    Svc {
+        name,
+        cluster_ip,
+        ports: &[("http", "TCP", 80, 8080)],
+        extra_spec: "",
+    }
+}
+
+/// A client outside the node reaches the service on its external IP and
+/// on its load-balancer IP (eTP=Cluster), spread over the endpoints.
+pub(super) fn external_and_lb_ips(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode == "ebpf" {
+        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
+    }
+    ensure_daemon(bed)?;
+    let (external_ip, lb_ip) = ("203.0.113.20", "203.0.113.10");
+    bed.apply_manifests(&docs(&[
+        load_balancer_yaml("lb", "10.96.0.100", external_ip, lb_ip, ""),
+        slice_yaml(bed, &http_svc("lb", "10.96.0.100"), false, &three_pods()),
+    ]))?;
+    let outside = bed.outside_netns.clone();
+    for ip in [external_ip, lb_ip] {
+        let target = format!("{ip}:80");
+        wait_until_served_from(
+            bed,
+            Some(&outside),
+            "tcp",
+            &target,
+            Duration::from_secs(5),
+            DROP_TIMEOUT,
+        )?;
+        let r = request_from(bed, Some(&outside), "tcp", &target, 90, CLIENT_TIMEOUT)?;
+        assert_spread(&r, 90, &["pod1", "pod2", "pod3"], 0.1)
+            .with_context(|| format!("from outside to {target}"))?;
+    }
+    Ok(())
+}
+
+/// loadBalancerSourceRanges: a source outside the ranges is dropped on the
+/// load-balancer IP (while the external IP, which the ranges do not cover,
+/// still serves it); once the ranges include it, it is served.
+pub(super) fn lb_source_ranges(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode == "ebpf" {
+        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
+    }
+    ensure_daemon(bed)?;
+    let (external_ip, lb_ip) = ("203.0.113.21", "203.0.113.11");
+    let manifests = |ranges: &str| {
+        docs(&[
+            load_balancer_yaml(
+                "fw",
+                "10.96.0.110",
+                external_ip,
+                lb_ip,
+                &format!("  loadBalancerSourceRanges: [{ranges}]\n"),
+            ),
+            slice_yaml(bed, &http_svc("fw", "10.96.0.110"), false, &three_pods()),
+        ])
+    };
+    // The outside client is 192.168.100.2.
+    bed.apply_manifests(&manifests("\"198.51.100.0/24\""))?;
+    let outside = bed.outside_netns.clone();
+    // Served on the external IP: the service is programmed.
+    wait_until_served_from(
+        bed,
+        Some(&outside),
+        "tcp",
+        &format!("{external_ip}:80"),
+        Duration::from_secs(5),
+        DROP_TIMEOUT,
+    )?;
+    let lb_target = format!("{lb_ip}:80");
+    let r = request_from(bed, Some(&outside), "tcp", &lb_target, 5, DROP_TIMEOUT)?;
+    assert_dropped(&r, &format!("{lb_target} from a source outside the ranges"))?;
+
+    let applied = Instant::now();
+    bed.apply_manifests(&manifests("\"198.51.100.0/24\", \"192.168.100.0/24\""))?;
+    wait_until_served_from(
+        bed,
+        Some(&outside),
+        "tcp",
+        &lb_target,
+        Duration::from_secs(2),
+        DROP_TIMEOUT,
+    )
+    .context("after adding the client's range")?;
+    let took = applied.elapsed();
+    ensure!(
+        took <= Duration::from_secs(2),
+        "served {took:?} after the ranges changed"
+    );
+    let r = request_from(bed, Some(&outside), "tcp", &lb_target, 30, CLIENT_TIMEOUT)?;
+    assert_spread(&r, 30, &["pod1", "pod2", "pod3"], 0.0)
+        .with_context(|| format!("{lb_target} from a source inside the ranges"))
+}
+
+/// externalTrafficPolicy: Local on a node port: traffic from outside only
+/// reaches the endpoint on this node (node-1, the daemon's
+/// --hostname-override), and is dropped once no endpoint is local.
+pub(super) fn etp_local_nodeport(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode == "ebpf" {
+        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
+    }
+    ensure_daemon(bed)?;
+    let svc = http_svc("etp", "10.96.0.120");
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: etp, namespace: e2e}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.120\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30090}\n";
+    let manifests = |members: &[(usize, &str)]| {
+        docs(&[service.to_owned(), slice_yaml(bed, &svc, false, members)])
+    };
+    bed.apply_manifests(&manifests(&three_pods()))?;
+    let target = format!("{}:30090", crate::e2e::bed::NODE_EXTERNAL_IP);
+    let outside = bed.outside_netns.clone();
+    wait_until_served_from(
+        bed,
+        Some(&outside),
+        "tcp",
+        &target,
+        Duration::from_secs(5),
+        DROP_TIMEOUT,
+    )?;
+    let r = request_from(bed, Some(&outside), "tcp", &target, 30, CLIENT_TIMEOUT)?;
+    assert_spread(&r, 30, &["pod1"], 1.0).context("only the endpoint on node-1 may answer")?;
+
+    bed.apply_manifests(&manifests(&[(0, "node-2"), (1, "node-2"), (2, "node-3")]))?;
+    let changed = Instant::now();
+    loop {
+        let r = request_from(bed, Some(&outside), "tcp", &target, 1, DROP_TIMEOUT)?;
+        if r.ok_count() == 0 {
+            break;
+        }
+        ensure!(
+            changed.elapsed() < Duration::from_secs(2),
+            "still served 2 s after the last local endpoint went away: {:?}",
+            r.pods()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let r = request_from(bed, Some(&outside), "tcp", &target, 5, DROP_TIMEOUT)?;
+    assert_dropped(&r, &format!("{target} without a local endpoint"))
+}
+
+/// `--proxy-mode auto` with eBPF made to fail (test hook): one log line
+/// with the cause, and traffic flows through nftables. Only in the
+/// nftables bed, whose node has the default route nftables needs.
+pub(super) fn auto_fallback(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode != "nftables" {
+        return Err(Skip("runs in the nftables bed").into());
+    }
+    bed.stop_daemon()?;
+    bed.proxy_mode = "auto".to_owned();
+    bed.daemon_env = vec![(
+        "EBPF_KUBE_PROXY_TEST_FORCE_EBPF_FAILURE".to_owned(),
+        "1".to_owned(),
+    )];
+    let result = (|| -> Result<()> {
+        apply_service(bed, &WEB, false, &three_pods())?;
+        bed.start_daemon()?;
+        wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
+        let r = request(bed, "tcp", "10.96.0.10:80", 60)?;
+        assert_spread(&r, 60, &["pod1", "pod2", "pod3"], 0.1)?;
+        let log = bed.daemon_log();
+        let fallbacks: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("falling back to nftables"))
+            .collect();
+        ensure!(
+            fallbacks.len() == 1 && fallbacks[0].contains("forced by"),
+            "expected one fallback line with the cause: {fallbacks:?}"
+        );
+        ensure!(
+            log.contains("proxy_mode=nftables requested_proxy_mode=auto"),
+            "the daemon does not report nftables as the active mode"
+        );
+        Ok(())
+    })();
+    let _ = bed.stop_daemon();
+    bed.proxy_mode = "nftables".to_owned();
+    bed.daemon_env.clear();
+    result
+}
+
+pub(super) fn cleanup(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    apply_service(bed, &WEB, false, &three_pods())?;
+    wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
+    bed.stop_daemon()?;
+    bed.cleanup_command()?;
+    let leftovers: Vec<_> = match std::fs::read_dir(&bed.bpffs) {
+        Ok(entries) => entries.flatten().map(|e| e.path()).collect(),
+        Err(_) => Vec::new(),
+    };
+    ensure!(leftovers.is_empty(), "pins left behind: {leftovers:?}");
+    // No hook any more: the service address is just an unroutable address.
+    let r = request(bed, "tcp", "10.96.0.10:80", 1)?;
+    ensure!(
+        r.ok_count() == 0,
+        "the service still answers after cleanup: programs are still attached"
+    );
+    Ok(())
+}
