@@ -385,3 +385,4 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 pub mod fake_apiserver;
+pub mod status;
