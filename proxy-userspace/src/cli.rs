@@ -22,7 +22,6 @@ pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/ebpf-kube-proxy";
     name = "ebpf-kube-proxy",
     version,
     about = "A kube-proxy replacement: node-local service state, an eBPF datapath, the localnet API",
-    args_conflicts_with_subcommands = true,
     // A repeated flag: the last value wins, as with kube-proxy's flags.
     args_override_self = true
 )]
@@ -50,100 +49,124 @@ impl SourceKind {
     }
 }
 
-/// Flags of the daemon (no subcommand). Every flag here is shown by /flagz;
+/// Flags of the daemon. Every subcommand accepts them too, before or after
+/// its name (a DaemonSet's argument list works unchanged); those that do
+/// not matter to it are ignored. Every flag here is shown by /flagz;
 /// the `serde` attributes choose how (Go durations, lists, enum names) and
 /// mark sensitive flags `classified`.
 #[derive(Clone, Debug, Args, serde::Serialize)]
 pub struct DaemonFlags {
     /// A KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1);
     /// flags given on the command line override its values.
-    #[arg(long, value_name = "FILE", default_value = "")]
+    #[arg(global = true, long, value_name = "FILE", default_value = "")]
     pub config: String,
 
     /// Name of this node, instead of the hostname.
-    #[arg(long, value_name = "NAME", default_value = "")]
+    #[arg(global = true, long, value_name = "NAME", default_value = "")]
     pub hostname_override: String,
 
     /// Pod CIDRs of the cluster, comma separated; traffic from outside them
     /// is masqueraded.
-    #[arg(long, value_name = "CIDRS", default_value = "")]
+    #[arg(global = true, long, value_name = "CIDRS", default_value = "")]
     pub cluster_cidr: String,
 
     /// Datapath: auto (eBPF, else nftables), ebpf, nftables or none.
-    #[arg(long, value_enum, default_value_t = ProxyMode::Auto)]
+    #[arg(global = true, long, value_enum, default_value_t = ProxyMode::Auto)]
     #[serde(serialize_with = "flagz::value_enum")]
     pub proxy_mode: ProxyMode,
 
     /// Address of kube-proxy's health server (/healthz, /livez).
-    #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10256")]
+    #[arg(
+        global = true,
+        long,
+        value_name = "IP:PORT",
+        default_value = "0.0.0.0:10256"
+    )]
     pub healthz_bind_address: String,
 
     /// Address of the metrics and status server (/metrics, /statusz, /flagz).
-    #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:10249")]
+    #[arg(
+        global = true,
+        long,
+        value_name = "IP:PORT",
+        default_value = "127.0.0.1:10249"
+    )]
     pub metrics_bind_address: String,
 
     /// Kubeconfig file; empty = in-cluster configuration.
-    #[arg(long, value_name = "PATH", default_value = "")]
+    #[arg(global = true, long, value_name = "PATH", default_value = "")]
     pub kubeconfig: String,
 
     /// Address of the API server, overriding the kubeconfig's.
-    #[arg(long, value_name = "URL", default_value = "")]
+    #[arg(global = true, long, value_name = "URL", default_value = "")]
     // The URL may carry user-info (credentials).
     #[serde(serialize_with = "flagz::classified")]
     pub master: String,
 
     /// Where Services and EndpointSlices come from.
-    #[arg(long, value_enum, default_value_t = SourceKind::Kube)]
+    #[arg(global = true, long, value_enum, default_value_t = SourceKind::Kube)]
     #[serde(serialize_with = "flagz::value_enum")]
     pub source: SourceKind,
 
     /// Directory of YAML/JSON manifests for --source file.
-    #[arg(long, value_name = "DIR")]
+    #[arg(global = true, long, value_name = "DIR")]
     pub manifests: Option<PathBuf>,
 
     /// TCP address of the localnet gRPC API; empty disables it.
-    #[arg(long, value_name = "IP:PORT", default_value = DEFAULT_LOCALNET_BIND_ADDRESS)]
+    #[arg(global = true, long, value_name = "IP:PORT", default_value = DEFAULT_LOCALNET_BIND_ADDRESS)]
     pub localnet_bind_address: String,
 
     /// Unix socket of the localnet gRPC API (mode 0660); empty disables it.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_LOCALNET_SOCKET)]
+    #[arg(global = true, long, value_name = "PATH", default_value = DEFAULT_LOCALNET_SOCKET)]
     pub localnet_socket: String,
 
     /// Unix socket of the PodInfo gRPC API (mode 0660); empty disables it.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_PODINFO_SOCKET)]
+    #[arg(global = true, long, value_name = "PATH", default_value = DEFAULT_PODINFO_SOCKET)]
     pub podinfo_socket: String,
 
     /// PodInfo API calls per second per client (token bucket refill).
-    #[arg(long, value_name = "QPS", default_value_t = 100.0, value_parser = positive_float)]
+    #[arg(global = true, long, value_name = "QPS", default_value_t = 100.0, value_parser = positive_float)]
     #[serde(serialize_with = "go_float")]
     pub podinfo_qps: f64,
 
     /// PodInfo API calls a client may make at once (token bucket size).
-    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(global = true, long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub podinfo_burst: u32,
 
     /// bpffs directory for pinned maps and links.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_BPFFS_ROOT)]
+    #[arg(global = true, long, value_name = "DIR", default_value = DEFAULT_BPFFS_ROOT)]
     pub bpffs_root: PathBuf,
 
     /// cgroup v2 directory the socket hooks attach to; empty = the cgroup v2
     /// root found in /proc/self/mountinfo.
-    #[arg(long, value_name = "DIR", default_value = "")]
+    #[arg(global = true, long, value_name = "DIR", default_value = "")]
     pub cgroup_path: String,
 
     /// Resync period; the health timeout is twice this.
-    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    #[arg(global = true, long, value_name = "DURATION", default_value = "30s")]
     #[serde(serialize_with = "flagz::go_duration")]
     pub sync_period: String,
 
     /// CIDRs of node addresses that accept NodePort traffic, comma
     /// separated; empty = all.
-    #[arg(long, value_name = "CIDRS", default_value = "")]
+    #[arg(global = true, long, value_name = "CIDRS", default_value = "")]
     #[serde(serialize_with = "flagz::list")]
     pub nodeport_addresses: String,
 
+    /// Remove what any datapath left on the node (eBPF links and pins, the
+    /// nftables tables, stale sockets) and exit: kube-proxy's spelling of
+    /// the `cleanup` subcommand.
+    #[arg(global = true, long)]
+    pub cleanup: bool,
+
     /// Log verbosity (0-10, as klog's -v).
-    #[arg(short = 'v', long = "v", value_name = "LEVEL", default_value_t = 0)]
+    #[arg(
+        global = true,
+        short = 'v',
+        long = "v",
+        value_name = "LEVEL",
+        default_value_t = 0
+    )]
     pub verbosity: u8,
 }
 
@@ -154,11 +177,15 @@ pub enum Command {
         #[command(subcommand)]
         command: LocalnetCommand,
     },
-    /// Show what is programmed: the eBPF maps pinned under --bpffs-root
-    /// when they exist, else the published LocalState.
+    /// Show what is programmed, read from the kernel: the eBPF maps pinned
+    /// under --bpffs-root, else the nftables tables, else the LocalState a
+    /// daemon publishes on --target.
     Dump(DumpArgs),
-    /// Remove everything the daemon left on the node.
-    Cleanup(CleanupArgs),
+    /// Remove what any datapath left on the node, whatever --proxy-mode
+    /// says: eBPF links and pins under --bpffs-root, both nftables tables,
+    /// and the --localnet-socket and --podinfo-socket files when no daemon
+    /// listens on them.
+    Cleanup,
     /// Clients of the PodInfo API.
     Podinfo {
         #[command(subcommand)]
@@ -189,10 +216,6 @@ pub struct ClientArgs {
 pub struct DumpArgs {
     #[command(flatten)]
     pub client: ClientArgs,
-
-    /// bpffs directory of the eBPF datapath's pinned maps.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_BPFFS_ROOT)]
-    pub bpffs_root: PathBuf,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -203,28 +226,6 @@ pub struct WatchArgs {
     /// Print the first state and exit.
     #[arg(long)]
     pub once: bool,
-}
-
-#[derive(Clone, Debug, Args)]
-pub struct CleanupArgs {
-    /// bpffs directory of the eBPF datapath: its links (attached
-    /// programs) and pinned maps are removed.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_BPFFS_ROOT)]
-    pub bpffs_root: PathBuf,
-
-    /// cgroup v2 directory the daemon attached to: after removing the
-    /// links, report programs still attached there (a running daemon
-    /// holding them). Empty = do not check.
-    #[arg(long, value_name = "DIR", default_value = "")]
-    pub cgroup_path: PathBuf,
-
-    /// localnet socket to remove if no daemon listens on it.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_LOCALNET_SOCKET)]
-    pub localnet_socket: PathBuf,
-
-    /// PodInfo socket to remove if no daemon listens on it.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_PODINFO_SOCKET)]
-    pub podinfo_socket: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -291,6 +292,62 @@ mod tests {
         assert_eq!(cli.daemon.verbosity, 4);
         let cli = Cli::try_parse_from(["ebpf-kube-proxy", "-v", "2"]).unwrap();
         assert_eq!(cli.daemon.verbosity, 2);
+    }
+
+    #[test]
+    fn subcommands_take_the_daemon_flags_before_or_after_their_name() {
+        let parse =
+            |args: &[&str]| Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        let after = parse(&[
+            "ebpf-kube-proxy",
+            "dump",
+            "--proxy-mode",
+            "ebpf",
+            "--cgroup-path",
+            "/cg",
+            "--bpffs-root",
+            "/b",
+        ]);
+        let before = parse(&[
+            "ebpf-kube-proxy",
+            "--proxy-mode",
+            "ebpf",
+            "--cgroup-path",
+            "/cg",
+            "--bpffs-root",
+            "/b",
+            "dump",
+        ]);
+        for cli in [after, before] {
+            assert!(matches!(cli.command, Some(Command::Dump(_))));
+            assert_eq!(cli.daemon.proxy_mode, ProxyMode::Ebpf);
+            assert_eq!(cli.daemon.cgroup_path, "/cg");
+            assert_eq!(cli.daemon.bpffs_root, PathBuf::from("/b"));
+        }
+        let cleanup = parse(&[
+            "ebpf-kube-proxy",
+            "cleanup",
+            "--proxy-mode",
+            "nftables",
+            "--config",
+            "/etc/kp.yaml",
+            "--v=2",
+        ]);
+        assert!(matches!(cleanup.command, Some(Command::Cleanup)));
+        assert_eq!(cleanup.daemon.config, "/etc/kp.yaml");
+        let flag = parse(&["ebpf-kube-proxy", "--cleanup", "--proxy-mode", "ebpf"]);
+        assert!(flag.daemon.cleanup && flag.command.is_none());
+        let dump = parse(&[
+            "ebpf-kube-proxy",
+            "dump",
+            "-o",
+            "json",
+            "--metrics-bind-address",
+            "0.0.0.0:10249",
+        ]);
+        assert!(
+            matches!(dump.command, Some(Command::Dump(ref a)) if a.client.output == OutputFormat::Json)
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::cli::{CleanupArgs, ClientArgs, DumpArgs, WatchArgs};
+use crate::cli::{ClientArgs, DaemonFlags, DumpArgs, WatchArgs};
 use crate::datapath::{ebpf, nft};
 use crate::localnet::client::{self, State};
 use crate::localnet::render::{render, OutputFormat};
@@ -69,9 +69,9 @@ pub async fn localnet_watch(args: WatchArgs) -> anyhow::Result<()> {
 /// when there are any (no daemon needed), else the nftables tables of this
 /// network namespace decoded per service, else the LocalState the daemon
 /// publishes (`--proxy-mode none` programs nothing).
-pub async fn dump(args: DumpArgs) -> anyhow::Result<()> {
-    if ebpf::is_pinned(&args.bpffs_root) {
-        let maps = ebpf::dump::read(&args.bpffs_root).context("dump")?;
+pub async fn dump(args: DumpArgs, flags: &DaemonFlags) -> anyhow::Result<()> {
+    if ebpf::is_pinned(&flags.bpffs_root) {
+        let maps = ebpf::dump::read(&flags.bpffs_root).context("dump")?;
         let text = match args.client.output {
             OutputFormat::Text => ebpf::dump::text(&maps),
             OutputFormat::Json => serde_json::to_string(&maps).context("encoding the dump")? + "\n",
@@ -97,22 +97,32 @@ pub async fn dump(args: DumpArgs) -> anyhow::Result<()> {
             .context("writing to stdout");
     }
     let args = args.client;
-    let mut c = client::connect(&args.target).await.with_context(|| {
-        format!(
-            "dump: no eBPF maps are pinned and no daemon answers (--target {})",
-            args.target
-        )
-    })?;
+    let nothing = format!(
+        "nothing programmed: no eBPF maps pinned under {} and no nftables table ebpf-kube-proxy",
+        flags.bpffs_root.display()
+    );
+    // SPEC §10.7: nothing programmed is an answer, not an error.
+    let mut c = match client::connect(&args.target).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "# {nothing}; no daemon answers on --target {} ({e})",
+                args.target
+            );
+            return Ok(());
+        }
+    };
     let state = client::next(&mut c, 0, 0).await.context("dump")?;
-    eprintln!("# no eBPF maps pinned (datapath none?); published LocalState follows");
+    eprintln!("# {nothing} (--proxy-mode none?); the LocalState published on --target follows");
     print(&state, &args)
 }
 
-/// Removes what a daemon left behind: the eBPF links (detaching and
-/// unloading the programs) and pinned maps under `--bpffs-root`, and the
-/// sockets when no daemon answers on them, and the nftables tables
-/// `ip`/`ip6 ebpf-kube-proxy` of this network namespace.
-pub async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
+/// Removes what any datapath left behind, whatever `--proxy-mode` says:
+/// the eBPF links (detaching and unloading the programs) and pinned maps
+/// under `--bpffs-root`, the nftables tables `ip`/`ip6 ebpf-kube-proxy` of
+/// this network namespace, and the sockets when no daemon answers on them.
+/// Prints one line per thing it looked at.
+pub async fn cleanup(flags: &DaemonFlags) -> anyhow::Result<()> {
     match nft::cleanup() {
         Ok(removed) if removed.is_empty() => println!("nftables: no ebpf-kube-proxy table"),
         Ok(removed) => println!(
@@ -122,41 +132,44 @@ pub async fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
         // No nf_tables in this kernel: nothing of ours can be there.
         Err(e) => println!("nftables: skipped ({e})"),
     }
-    let report = ebpf::cleanup(&args.bpffs_root).context("cleanup")?;
+    let bpffs_root = &flags.bpffs_root;
+    let report = ebpf::cleanup(bpffs_root).context("cleanup")?;
     if report.links.is_empty() && report.maps.is_empty() {
-        println!(
-            "{}: no eBPF links or maps pinned",
-            args.bpffs_root.display()
-        );
+        println!("{}: no eBPF links or maps pinned", bpffs_root.display());
     } else {
         println!(
             "{}: removed links [{}] (programs detached) and maps [{}]",
-            args.bpffs_root.display(),
+            bpffs_root.display(),
             report.links.join(" "),
             report.maps.join(" ")
         );
     }
-    if !args.cgroup_path.as_os_str().is_empty() {
+    let cgroup_path = Path::new(flags.cgroup_path.trim());
+    if !cgroup_path.as_os_str().is_empty() {
         // The kernel releases a detached link asynchronously: allow it a
         // bounded moment before calling the programs left behind.
-        let mut left = ebpf::loader::attached_programs(&args.cgroup_path).context("cleanup")?;
+        let mut left = ebpf::loader::attached_programs(cgroup_path).context("cleanup")?;
         for _ in 0..50 {
             if left == 0 {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            left = ebpf::loader::attached_programs(&args.cgroup_path).context("cleanup")?;
+            left = ebpf::loader::attached_programs(cgroup_path).context("cleanup")?;
         }
         if left > 0 {
             anyhow::bail!(
                 "cleanup: {left} programs are still attached to {} (is a daemon still running?)",
-                args.cgroup_path.display()
+                cgroup_path.display()
             );
         }
-        println!("{}: no programs attached", args.cgroup_path.display());
+        println!("{}: no programs attached", cgroup_path.display());
     }
-    for path in [&args.localnet_socket, &args.podinfo_socket] {
-        remove_stale_socket(path).await?;
+    // An empty socket flag disables that socket: nothing to remove.
+    for path in [&flags.localnet_socket, &flags.podinfo_socket] {
+        let path = Path::new(path.trim());
+        if !path.as_os_str().is_empty() {
+            remove_stale_socket(path).await?;
+        }
     }
     println!("cleanup complete");
     Ok(())

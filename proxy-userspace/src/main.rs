@@ -43,12 +43,13 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = runtime.block_on(async move {
+        // Every command takes the daemon's flags and its --config file.
+        let from_command_line =
+            |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+        config_file::merge(&mut cli.daemon, from_command_line)?;
         match cli.command {
+            None if cli.daemon.cleanup => commands::cleanup(&cli.daemon).await,
             None => {
-                let from_command_line = |id: &str| {
-                    matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
-                };
-                config_file::merge(&mut cli.daemon, from_command_line)?;
                 let config = Config::from_flags(&cli.daemon).context("invalid configuration")?;
                 let podinfo_limit = podinfo::RateLimit {
                     qps: cli.daemon.podinfo_qps,
@@ -59,8 +60,8 @@ fn main() -> std::process::ExitCode {
             Some(Command::Localnet {
                 command: LocalnetCommand::Watch(args),
             }) => commands::localnet_watch(args).await,
-            Some(Command::Dump(args)) => commands::dump(args).await,
-            Some(Command::Cleanup(args)) => commands::cleanup(args).await,
+            Some(Command::Dump(args)) => commands::dump(args, &cli.daemon).await,
+            Some(Command::Cleanup) => commands::cleanup(&cli.daemon).await,
             Some(Command::Podinfo { command }) => {
                 podinfo::client::run(command).await.context("podinfo")
             }

@@ -19,6 +19,7 @@
 //! hooks are per cgroup and attach to a cgroup v2 directory created for the
 //! run). Everything is removed on drop, also when a scenario fails.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -70,6 +71,11 @@ pub struct Bed {
     pub daemon_env: Vec<(String, String)>,
     /// Extra command-line arguments for the daemon.
     pub daemon_args: Vec<String>,
+    /// The daemon's unix sockets.
+    pub localnet_socket: PathBuf,
+    pub podinfo_socket: PathBuf,
+    /// The arguments the daemon was last started with.
+    pub last_args: Vec<OsString>,
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
@@ -126,6 +132,8 @@ impl Bed {
         let cgroup = cgroup2_root()?.join(format!("ebpf-kube-proxy-e2e-{id}"));
         let bpffs = PathBuf::from(format!("/sys/fs/bpf/ebpf-kube-proxy-e2e-{id}"));
         let xtask_bin = stable_copy_of_self(&dir)?;
+        let (localnet_socket, podinfo_socket) =
+            (dir.join("localnet.sock"), dir.join("podinfo.sock"));
         let mut bed = Bed {
             node_netns: format!("{prefix}-node"),
             outside_netns: format!("{prefix}-outside"),
@@ -144,6 +152,9 @@ impl Bed {
             kubeconfig: None,
             daemon_env: Vec::new(),
             daemon_args: Vec::new(),
+            localnet_socket,
+            podinfo_socket,
+            last_args: Vec::new(),
             prefix,
         };
         bed.build().context("building the test bed")?;
@@ -402,7 +413,7 @@ impl Bed {
         self.daemon_starts += 1;
         let log =
             std::fs::File::create(self.dir.join(format!("daemon-{}.log", self.daemon_starts)))?;
-        let source_args: Vec<std::ffi::OsString> = match &self.kubeconfig {
+        let source_args: Vec<OsString> = match &self.kubeconfig {
             Some(k) => vec![
                 "--source".into(),
                 "kube".into(),
@@ -416,30 +427,39 @@ impl Bed {
                 self.dir.join("manifests").into(),
             ],
         };
+        let mut args: Vec<OsString> = vec![
+            "--hostname-override".into(),
+            "node-1".into(),
+            "--proxy-mode".into(),
+            self.proxy_mode.clone().into(),
+        ];
+        args.extend(source_args);
+        for (flag, value) in [
+            ("--cgroup-path", self.cgroup.clone().into_os_string()),
+            ("--bpffs-root", self.bpffs.clone().into_os_string()),
+            ("--localnet-bind-address", self.localnet.to_string().into()),
+            (
+                "--localnet-socket",
+                self.localnet_socket.clone().into_os_string(),
+            ),
+            (
+                "--podinfo-socket",
+                self.podinfo_socket.clone().into_os_string(),
+            ),
+            ("--metrics-bind-address", free_port()?.to_string().into()),
+            ("--healthz-bind-address", free_port()?.to_string().into()),
+        ] {
+            args.push(flag.into());
+            args.push(value);
+        }
+        args.extend(self.daemon_args.iter().map(OsString::from));
+        self.last_args = args.clone();
         let child = Command::new("nsenter")
             .arg(format!("--net=/run/netns/{}", self.node_netns))
             .arg(&self.daemon_bin)
-            .args(["--hostname-override", "node-1"])
-            .arg("--proxy-mode")
-            .arg(&self.proxy_mode)
-            .args(source_args)
-            .arg("--cgroup-path")
-            .arg(&self.cgroup)
-            .arg("--bpffs-root")
-            .arg(&self.bpffs)
-            .arg("--localnet-bind-address")
-            .arg(self.localnet.to_string())
-            .arg("--localnet-socket")
-            .arg(self.dir.join("localnet.sock"))
-            .arg("--podinfo-socket")
-            .arg(self.dir.join("podinfo.sock"))
-            .arg("--metrics-bind-address")
-            .arg(free_port()?.to_string())
-            .arg("--healthz-bind-address")
-            .arg(free_port()?.to_string())
+            .args(&args)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
-            .args(&self.daemon_args)
             .envs(self.daemon_env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
@@ -450,7 +470,7 @@ impl Bed {
         loop {
             let out = Command::new(&self.daemon_bin)
                 .args(["localnet", "watch", "--once", "--target"])
-                .arg(format!("unix:{}", self.dir.join("localnet.sock").display()))
+                .arg(format!("unix:{}", self.localnet_socket.display()))
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()?;
@@ -502,21 +522,13 @@ impl Bed {
         Ok(())
     }
 
-    /// Runs the daemon's `cleanup` subcommand for this bed's paths, in the
-    /// node namespace where the daemon ran.
-    pub fn cleanup_command(&self) -> Result<String> {
+    /// Runs the daemon's binary with `args` in the node namespace, where
+    /// the daemon ran; its output, or an error when it fails.
+    pub fn run_in_node(&self, args: &[OsString]) -> Result<String> {
         let out = Command::new("nsenter")
             .arg(format!("--net=/run/netns/{}", self.node_netns))
             .arg(&self.daemon_bin)
-            .arg("cleanup")
-            .arg("--bpffs-root")
-            .arg(&self.bpffs)
-            .arg("--cgroup-path")
-            .arg(&self.cgroup)
-            .arg("--localnet-socket")
-            .arg(self.dir.join("localnet.sock"))
-            .arg("--podinfo-socket")
-            .arg(self.dir.join("podinfo.sock"))
+            .args(args)
             .output()?;
         let text = format!(
             "{}{}",
@@ -524,9 +536,24 @@ impl Bed {
             String::from_utf8_lossy(&out.stderr)
         );
         if !out.status.success() {
-            bail!("cleanup failed: {text}");
+            bail!("{args:?} failed: {text}");
         }
         Ok(text)
+    }
+
+    /// Runs the daemon's `cleanup` subcommand for this bed's paths.
+    pub fn cleanup_command(&self) -> Result<String> {
+        let mut args: Vec<OsString> = vec!["cleanup".into()];
+        for (flag, value) in [
+            ("--bpffs-root", &self.bpffs),
+            ("--cgroup-path", &self.cgroup),
+            ("--localnet-socket", &self.localnet_socket),
+            ("--podinfo-socket", &self.podinfo_socket),
+        ] {
+            args.push(flag.into());
+            args.push(value.into());
+        }
+        self.run_in_node(&args)
     }
 
     /// Runs `f` on a thread inside the node namespace: sockets it creates

@@ -111,8 +111,16 @@ pub fn all() -> Vec<Scenario> {
             run: auto_fallback,
         },
         Scenario {
-            name: "cleanup-leaves-nothing-behind",
-            run: cleanup,
+            name: "cleanup-with-the-daemons-arguments-leaves-nothing",
+            run: cleanup::with_the_daemons_arguments,
+        },
+        Scenario {
+            name: "kube-proxy-cleanup-flag-leaves-nothing",
+            run: cleanup::kube_proxy_cleanup_flag,
+        },
+        Scenario {
+            name: "bare-cleanup-for-a-daemon-on-default-paths",
+            run: cleanup::with_no_flags,
         },
         Scenario {
             name: "contested-address-owned-by-the-older-service",
@@ -122,6 +130,7 @@ pub fn all() -> Vec<Scenario> {
 }
 
 mod claims;
+mod cleanup;
 mod client;
 mod clusterip;
 mod external;

@@ -371,23 +371,3 @@ pub(super) fn auto_fallback(bed: &mut Bed) -> Result<()> {
     bed.daemon_env.clear();
     result
 }
-
-pub(super) fn cleanup(bed: &mut Bed) -> Result<()> {
-    ensure_daemon(bed)?;
-    apply_service(bed, &WEB, false, &three_pods())?;
-    wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
-    bed.stop_daemon()?;
-    bed.cleanup_command()?;
-    let leftovers: Vec<_> = match std::fs::read_dir(&bed.bpffs) {
-        Ok(entries) => entries.flatten().map(|e| e.path()).collect(),
-        Err(_) => Vec::new(),
-    };
-    ensure!(leftovers.is_empty(), "pins left behind: {leftovers:?}");
-    // No hook any more: the service address is just an unroutable address.
-    let r = request(bed, "tcp", "10.96.0.10:80", 1)?;
-    ensure!(
-        r.ok_count() == 0,
-        "the service still answers after cleanup: programs are still attached"
-    );
-    Ok(())
-}

@@ -1,0 +1,104 @@
+//! `dump` and `cleanup` as an operator runs them (SPEC §10.2, §10.7): with
+//! the DaemonSet's own flags before or after the subcommand, kube-proxy's
+//! `--cleanup` spelling, and nothing programmed. Run in a private network
+//! namespace when root, so the host's nftables are never touched.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::BIN;
+
+/// Runs the binary with `args`, in a fresh network namespace when root.
+fn run(args: &[&str]) -> Output {
+    // SAFETY: getuid has no preconditions.
+    let root = unsafe { libc::getuid() } == 0;
+    let mut cmd = if root {
+        let mut c = Command::new("unshare");
+        c.args(["--net", "--", BIN]);
+        c
+    } else {
+        Command::new(BIN)
+    };
+    cmd.args(args).output().expect("running ebpf-kube-proxy")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The flags a DaemonSet passes, pointing at `dir`.
+fn daemonset_flags(dir: &Path, mode: &str) -> Vec<String> {
+    let d = |p: &str| dir.join(p).display().to_string();
+    [
+        "--hostname-override=node-1",
+        &format!("--proxy-mode={mode}"),
+        "--cluster-cidr=10.244.0.0/16",
+        "--cgroup-path=",
+        &format!("--bpffs-root={}", d("bpf")),
+        &format!("--localnet-socket={}", d("run/localnet.sock")),
+        &format!("--podinfo-socket={}", d("run/podinfo.sock")),
+        "--metrics-bind-address=127.0.0.1:10249",
+        "--sync-period=30s",
+        "--v=2",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+#[test]
+fn dump_takes_the_daemon_flags_and_says_when_nothing_is_programmed() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = daemonset_flags(dir.path(), "ebpf");
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let target = format!("--target=unix:{}", dir.path().join("none.sock").display());
+    let after: Vec<&str> = ["dump", target.as_str()]
+        .iter()
+        .chain(&flags)
+        .copied()
+        .collect();
+    let before: Vec<&str> = flags
+        .iter()
+        .chain(&["dump", target.as_str()])
+        .copied()
+        .collect();
+    for args in [after, before] {
+        let out = run(&args);
+        let t = text(&out);
+        assert!(out.status.success(), "{args:?}: {t}");
+        assert!(t.contains("nothing programmed"), "{args:?}: {t}");
+        assert!(t.contains("no daemon answers"), "{args:?}: {t}");
+    }
+}
+
+#[test]
+fn cleanup_and_kube_proxys_cleanup_flag_take_the_daemon_flags_and_remove_stale_sockets() {
+    for spelling in ["cleanup", "--cleanup"] {
+        let dir = tempfile::tempdir().unwrap();
+        // A socket file no daemon listens on any more.
+        std::fs::create_dir_all(dir.path().join("run")).unwrap();
+        let stale = dir.path().join("run/localnet.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        assert!(stale.exists());
+        let flags = daemonset_flags(dir.path(), "nftables");
+        let mut args: Vec<&str> = vec![spelling];
+        args.extend(flags.iter().map(String::as_str));
+        let out = run(&args);
+        let t = text(&out);
+        assert!(out.status.success(), "{spelling}: {t}");
+        assert!(!stale.exists(), "{spelling}: stale socket left: {t}");
+        assert!(t.contains("removed stale socket"), "{spelling}: {t}");
+        assert!(
+            t.contains("no eBPF links or maps pinned"),
+            "{spelling}: {t}"
+        );
+        assert!(t.contains("nftables"), "{spelling}: {t}");
+        assert!(t.contains("cleanup complete"), "{spelling}: {t}");
+    }
+}
