@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::status::*;
-use common::{get, manifests_dir, metric_value, service, slice, write_atomic, BIN};
+use common::{get, manifests_dir, metric_value, service, slice, write_atomic, Daemon, BIN};
 
 // ---------------------------------------------------------------- metrics
 
@@ -490,4 +490,30 @@ async fn localnet_calls_are_counted_by_rpc_and_status() {
         let name = format!("ebpf_kube_proxy_localnet_requests_total{series}");
         assert_eq!(metric_value(&m, &name), Some(value), "{name}\n{m}");
     }
+}
+
+/// SPEC §10.5: an internalTrafficPolicy Local service whose only endpoint
+/// is on another node has no local endpoints for internal traffic.
+#[test]
+fn an_itp_local_service_with_only_remote_endpoints_counts_for_internal() {
+    let svc = service("default", "itp", "10.96.0.40").replacen(
+        "spec:\n",
+        "spec:\n  internalTrafficPolicy: Local\n",
+        1,
+    );
+    // `slice` puts the endpoint on node n2; the daemon is n1.
+    let d = Daemon::start_in(
+        manifests_dir(&[
+            ("svc.yaml", &svc),
+            ("eps.yaml", &slice("default", "itp", &["10.244.2.9"])),
+        ]),
+        &[],
+    );
+    wait_ready(&d);
+    let series = |policy: &str| {
+        format!("kubeproxy_sync_proxy_rules_no_local_endpoints_total{{ip_family=\"IPv4\",traffic_policy=\"{policy}\"}}")
+    };
+    let m = metrics_text(&d);
+    assert_eq!(metric_value(&m, &series("internal")), Some(1.0), "{m}");
+    assert_eq!(metric_value(&m, &series("external")), Some(0.0), "{m}");
 }

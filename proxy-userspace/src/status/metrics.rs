@@ -399,16 +399,23 @@ pub fn no_local_endpoints(state: &LocalState) -> std::collections::BTreeMap<IpFa
     for svc in &state.services {
         for port in &svc.service.ports {
             for family in [IpFamily::V4, IpFamily::V6] {
-                let scopes = svc
+                let backing = svc
                     .endpoints
                     .iter()
                     .filter(|e| IpFamily::of(&e.ip) == family)
-                    .flat_map(|e| &e.ports)
-                    .filter(|p| p.name == port.name && p.protocol == port.protocol)
-                    .map(|p| p.scopes);
+                    .flat_map(|e| {
+                        e.ports
+                            .iter()
+                            .filter(|p| p.name == port.name && p.protocol == port.protocol)
+                            .map(move |p| (e.conditions, p.scopes))
+                    });
                 let (mut any, mut internal, mut external) = (false, false, false);
-                for s in scopes {
-                    any |= s.cluster || s.local;
+                for (c, s) in backing {
+                    // Usable anywhere in the cluster (kube-proxy's
+                    // hasAnyEndpoints): ready, or serving while terminating.
+                    // Not the scopes: an iTP=Local ClusterIP service uses
+                    // no cluster scope at all.
+                    any |= c.ready || (c.serving && c.terminating);
                     internal |= s.internal;
                     external |= s.external;
                 }
@@ -513,6 +520,18 @@ spec: {clusterIP: 10.96.0.2, internalTrafficPolicy: Local, ports: [{port: 80}]}
 ---
 apiVersion: v1
 kind: Service
+metadata: {name: itp, namespace: ns}
+spec: {clusterIP: 10.96.0.4, internalTrafficPolicy: Local, ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: itp-1, namespace: ns, labels: {kubernetes.io/service-name: itp}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.2.3], nodeName: n2, conditions: {ready: true}}]
+---
+apiVersion: v1
+kind: Service
 metadata: {name: cluster, namespace: ns}
 spec: {clusterIP: 10.96.0.3, ports: [{port: 80}]}
 ---
@@ -541,11 +560,12 @@ endpoints: [{addresses: [10.244.2.2], nodeName: n2, conditions: {ready: true}}]
             synthesize_hints: false,
         };
         let state = compute(&cluster, &node);
-        // Two ports of `local`, both policies; `empty` has no endpoints at
-        // all and `cluster` is not Local.
+        // Two ports of `local`, both policies, and the ClusterIP-only
+        // `itp` (internal); `empty` has no endpoints at all and `cluster`
+        // is not Local.
         assert_eq!(
             no_local_endpoints(&state),
-            [(IpFamily::V4, (2, 2))].into_iter().collect()
+            [(IpFamily::V4, (3, 2))].into_iter().collect()
         );
 
         let m = Metrics::new().unwrap();
@@ -553,7 +573,7 @@ endpoints: [{addresses: [10.244.2.2], nodeName: n2, conditions: {ready: true}}]
         let t = text(&m);
         for line in [
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"external\"} 2\n",
-            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"internal\"} 2\n",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"internal\"} 3\n",
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv6\",traffic_policy=\"internal\"} 0\n",
         ] {
             assert!(t.contains(line), "{line} missing in\n{t}");
