@@ -42,6 +42,12 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
             sources::kube::client(config.kubeconfig.as_deref(), master.as_deref()).await?,
         ),
     };
+    let service_events = match &source {
+        Source::File(_) => crate::events::ServiceEvents::Log,
+        Source::Kube(client) => {
+            crate::events::ServiceEvents::kube(client.clone(), &config.node_name)
+        }
+    };
     let (mut datapath, datapath_choice) = select_datapath(&config)?;
     let listeners = Listeners::bind(
         config.localnet_bind_address,
@@ -177,8 +183,13 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
     }
     tasks.spawn({
         let (status, snapshots, cancel) = (status.clone(), hcnp_snapshots, shutdown.clone());
+        let hcnp = crate::status::hcnp::HcnpConfig {
+            node_name: config.node_name.clone(),
+            nodeport_addresses: config.nodeport_addresses.clone(),
+            events: service_events,
+        };
         async move {
-            crate::status::hcnp::run(status, snapshots, cancel).await;
+            crate::status::hcnp::run(hcnp, status, snapshots, cancel).await;
             Ok(())
         }
     });

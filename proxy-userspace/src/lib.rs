@@ -11,6 +11,7 @@ pub mod config;
 pub mod config_file;
 pub mod daemon;
 pub mod datapath;
+pub mod events;
 pub mod grpc_discovery;
 pub mod grpc_unix;
 pub mod localnet;

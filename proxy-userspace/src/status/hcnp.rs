@@ -4,7 +4,12 @@
 //! ready endpoints, so they steer traffic only to nodes that can serve it.
 //!
 //! Listeners follow the published LocalState: opened when a service starts
-//! to qualify, answers updated in place, closed when it stops.
+//! to qualify, answers updated in place, closed when it stops. They listen
+//! on the wildcard addresses, or, with `--nodeport-addresses`, on each
+//! local address inside those CIDRs (as kube-proxy). A listener that cannot
+//! bind is reported once as a `FailedToStartServiceHealthcheck` Warning
+//! Event on the Service ([`ServiceEvents`]); the other addresses and ports
+//! are unaffected, and the port is tried again with the next state.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -18,13 +23,60 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::Status;
+use crate::events::{ServiceEvents, ServiceRef};
 use crate::model::{LocalServiceType, ObjectKey, TrafficPolicy};
+use crate::net::Cidr;
 use crate::snapshot::SnapshotReceiver;
+
+/// The reason of the Event a listener that cannot bind posts.
+pub const FAILED_TO_START: &str = "FailedToStartServiceHealthcheck";
+
+/// What the health-check node ports need besides the state.
+#[derive(Clone)]
+pub struct HcnpConfig {
+    /// This node's name, for Event notes.
+    pub node_name: String,
+    /// `--nodeport-addresses` (empty: the wildcard addresses).
+    pub nodeport_addresses: Vec<Cidr>,
+    pub events: ServiceEvents,
+}
+
+impl HcnpConfig {
+    /// The addresses each health-check node port listens on.
+    fn listen_ips(&self) -> Vec<IpAddr> {
+        if self.nodeport_addresses.is_empty() {
+            return vec![
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            ];
+        }
+        let local = match if_addrs::get_if_addrs() {
+            Ok(ifs) => ifs.into_iter().map(|i| i.ip()).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "listing the node's addresses for --nodeport-addresses");
+                Vec::new()
+            }
+        };
+        select_ips(local, &self.nodeport_addresses)
+    }
+}
+
+/// The local addresses inside `cidrs`, sorted, without duplicates.
+fn select_ips(local: Vec<IpAddr>, cidrs: &[Cidr]) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = local
+        .into_iter()
+        .filter(|ip| cidrs.iter().any(|c| c.contains(ip)))
+        .collect();
+    ips.sort_unstable();
+    ips.dedup();
+    ips
+}
 
 /// What one health-check port answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Answer {
     service: ObjectKey,
+    uid: String,
     local_v4: u32,
     local_v6: u32,
 }
@@ -97,30 +149,38 @@ fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::from_std(s.into())
 }
 
-fn open_port(
+/// Opens `port` on every listen address; `None` when none could bind.
+/// With `report`, every address that fails is reported through
+/// `config.events`.
+async fn open_port(
     port: u16,
     answer: Answer,
+    config: &HcnpConfig,
+    report: bool,
     status: &Arc<Status>,
     shutdown: &CancellationToken,
 ) -> Option<Open> {
+    let service = ServiceRef {
+        key: answer.service.clone(),
+        uid: answer.uid.clone(),
+    };
     let answer = Arc::new(Mutex::new(answer));
     let stop = shutdown.child_token();
     let mut bound = 0;
-    for ip in [
-        IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-    ] {
-        let listener = match bind(SocketAddr::new(ip, port)) {
+    for ip in config.listen_ips() {
+        let addr = SocketAddr::new(ip, port);
+        let listener = match bind(addr) {
             Ok(l) => l,
             Err(e) => {
-                // Kubernetes would also record a FailedToStartServiceHealthcheck
-                // event; other ports are unaffected.
-                let svc = answer
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .service
-                    .clone();
-                tracing::warn!(service = %svc, port, family = if ip.is_ipv6() { "IPv6" } else { "IPv4" }, error = %e, "FailedToStartServiceHealthcheck");
+                let note = format!(
+                    "node {} failed to start healthcheck \"{}/{}\" on {addr}: {e}",
+                    config.node_name, service.key.namespace, service.key.name
+                );
+                if report {
+                    config.events.warning(&service, FAILED_TO_START, note).await;
+                } else {
+                    tracing::debug!(port, "{note}");
+                }
                 continue;
             }
         };
@@ -145,14 +205,16 @@ fn open_port(
 }
 
 /// Keeps one listener per qualifying Service port until `shutdown`.
-/// Listeners bind the wildcard addresses of both families;
-/// `--nodeport-addresses` does not narrow them yet.
 pub async fn run(
+    config: HcnpConfig,
     status: Arc<Status>,
     mut snapshots: SnapshotReceiver,
     shutdown: CancellationToken,
 ) {
     let mut open: BTreeMap<u16, Open> = BTreeMap::new();
+    // Ports whose listeners could not bind, and for which service: retried
+    // with every state, reported once.
+    let mut failed: BTreeMap<u16, ObjectKey> = BTreeMap::new();
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
         if snapshot.is_synced() {
@@ -167,6 +229,7 @@ pub async fn run(
                         svc.health_check_node_port,
                         Answer {
                             service: svc.key.clone(),
+                            uid: svc.uid.clone(),
                             local_v4: s.local_ready_endpoints_v4,
                             local_v6: s.local_ready_endpoints_v6,
                         },
@@ -183,13 +246,26 @@ pub async fn run(
                 }
                 keep
             });
+            failed.retain(|port, svc| wanted.get(port).is_some_and(|a| a.service == *svc));
             for (port, answer) in wanted {
                 match open.get(&port) {
                     Some(o) => *o.answer.lock().unwrap_or_else(|e| e.into_inner()) = answer,
                     None => {
-                        tracing::info!(port, service = %answer.service, "opening health check node port");
-                        if let Some(o) = open_port(port, answer, &status, &shutdown) {
-                            open.insert(port, o);
+                        let service = answer.service.clone();
+                        // A port that failed for this service was reported
+                        // already: retry quietly.
+                        let report = failed.get(&port) != Some(&service);
+                        if report {
+                            tracing::info!(port, %service, "opening health check node port");
+                        }
+                        match open_port(port, answer, &config, report, &status, &shutdown).await {
+                            Some(o) => {
+                                failed.remove(&port);
+                                open.insert(port, o);
+                            }
+                            None => {
+                                failed.insert(port, service);
+                            }
                         }
                     }
                 }
@@ -205,6 +281,25 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nodeport_addresses_select_the_local_addresses_inside_them() {
+        let ips = |v: &[&str]| -> Vec<IpAddr> { v.iter().map(|s| s.parse().unwrap()).collect() };
+        let local = ips(&[
+            "127.0.0.1",
+            "192.168.1.5",
+            "10.0.0.7",
+            "fd00::5",
+            "192.168.1.5",
+        ]);
+        let cidrs = crate::net::parse_cidr_list("192.168.0.0/16,fd00::/8").unwrap();
+        assert_eq!(
+            select_ips(local.clone(), &cidrs),
+            ips(&["192.168.1.5", "fd00::5"])
+        );
+        let none = crate::net::parse_cidr_list("172.16.0.0/12").unwrap();
+        assert!(select_ips(local, &none).is_empty());
+    }
 
     #[test]
     fn body_is_byte_exact() {

@@ -7,6 +7,8 @@
 //!   newline-delimited ADDED/MODIFIED/DELETED events after R, BOOKMARKs when
 //!   asked, and an ERROR event with a 410 `Expired` Status when R is older
 //!   than the retained history.
+//! * `POST`/`PATCH` of `events.k8s.io/v1` Events are recorded for
+//!   [`FakeApiServer::events`] to read.
 //! * Tests drive it: [`FakeApiServer::apply`], [`FakeApiServer::delete`],
 //!   [`FakeApiServer::drop_watches`], [`FakeApiServer::compact`] (older
 //!   resource versions become 410), [`FakeApiServer::set_down`] (every
@@ -65,6 +67,8 @@ struct State {
     /// Bumped to end every open watch.
     generation: u64,
     requests: u64,
+    /// Events posted (or patched), in arrival order.
+    posted_events: Vec<Value>,
 }
 
 pub struct FakeApiServer {
@@ -103,7 +107,7 @@ impl FakeApiServer {
                     let service = hyper::service::service_fn(move |req| {
                         let st = st.clone();
                         let ch = ch.clone();
-                        async move { Ok::<_, Infallible>(handle(req, st, ch)) }
+                        async move { Ok::<_, Infallible>(route(req, st, ch).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
@@ -223,6 +227,11 @@ impl FakeApiServer {
         self.notify();
     }
 
+    /// The Events posted or patched so far.
+    pub fn events(&self) -> Vec<Value> {
+        self.state.lock().unwrap().posted_events.clone()
+    }
+
     pub fn requests(&self) -> u64 {
         self.state.lock().unwrap().requests
     }
@@ -312,6 +321,54 @@ fn fields_match(selector: &str, o: &Value) -> bool {
         let pointer = format!("/{}", field.replace('.', "/"));
         o.pointer(&pointer).and_then(Value::as_str).unwrap_or("") == want
     })
+}
+
+/// Events go to [`record_event`], everything else to [`handle`].
+async fn route(
+    req: Request<hyper::body::Incoming>,
+    state: Arc<Mutex<State>>,
+    changed: watch::Sender<u64>,
+) -> Response<Body> {
+    let is_event = req
+        .uri()
+        .path()
+        .strip_prefix("/apis/events.k8s.io/v1/namespaces/")
+        .is_some_and(|rest| rest.contains("/events"));
+    if is_event && !state.lock().unwrap().down {
+        return record_event(req, state).await;
+    }
+    handle(req, state, changed)
+}
+
+/// Keeps a posted (or patched) Event and echoes it back, as the API server
+/// answers a create.
+async fn record_event(
+    req: Request<hyper::body::Incoming>,
+    state: Arc<Mutex<State>>,
+) -> Response<Body> {
+    let created = req.method() == hyper::Method::POST;
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return full(
+                StatusCode::BAD_REQUEST,
+                status_body(400, "BadRequest", "body"),
+            )
+        }
+    };
+    let Ok(event) = serde_json::from_slice::<Value>(&body) else {
+        return full(
+            StatusCode::BAD_REQUEST,
+            status_body(400, "BadRequest", "not JSON"),
+        );
+    };
+    state.lock().unwrap().posted_events.push(event.clone());
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    full(code, event)
 }
 
 fn handle(
