@@ -1,21 +1,13 @@
 //! Command line: the daemon's flags (kube-proxy's names where kube-proxy has
 //! one) and the subcommands. Parsed values are checked in [`crate::config`].
 
-use std::path::PathBuf;
+use clap::{Args, Parser, Subcommand};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
-
-use crate::datapath::ProxyMode;
+use crate::config::flags::DEFAULT_LOCALNET_BIND_ADDRESS;
+use crate::config::DaemonFlags;
 use crate::localnet::client::Target;
 use crate::localnet::render::OutputFormat;
-use crate::model::ObjectKey;
-use crate::podinfo::client::{parse_pod_key, OutputFormat as PodInfoOutput};
-use crate::status::flagz;
-
-pub const DEFAULT_LOCALNET_BIND_ADDRESS: &str = "127.0.0.1:12345";
-pub const DEFAULT_LOCALNET_SOCKET: &str = "/run/ebpf-kube-proxy/localnet.sock";
-pub const DEFAULT_PODINFO_SOCKET: &str = "/run/ebpf-kube-proxy/podinfo.sock";
-pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/ebpf-kube-proxy";
+use crate::podinfo::client::PodInfoCommand;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -30,144 +22,6 @@ pub struct Cli {
     pub command: Option<Command>,
     #[command(flatten)]
     pub daemon: DaemonFlags,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum SourceKind {
-    /// Watch the Kubernetes API server.
-    Kube,
-    /// Read manifests from --manifests DIR.
-    File,
-}
-
-impl SourceKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SourceKind::Kube => "kube",
-            SourceKind::File => "file",
-        }
-    }
-}
-
-/// Flags of the daemon. Every subcommand accepts them too, before or after
-/// its name (a DaemonSet's argument list works unchanged); those that do
-/// not matter to it are ignored. Every flag here is shown by /flagz;
-/// the `serde` attributes choose how (Go durations, lists, enum names) and
-/// mark sensitive flags `classified`.
-#[derive(Clone, Debug, Args, serde::Serialize)]
-pub struct DaemonFlags {
-    /// A KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1);
-    /// flags given on the command line override its values.
-    #[arg(global = true, long, value_name = "FILE", default_value = "")]
-    pub config: String,
-
-    /// Name of this node, instead of the hostname.
-    #[arg(global = true, long, value_name = "NAME", default_value = "")]
-    pub hostname_override: String,
-
-    /// Pod CIDRs of the cluster, comma separated; traffic from outside them
-    /// is masqueraded.
-    #[arg(global = true, long, value_name = "CIDRS", default_value = "")]
-    pub cluster_cidr: String,
-
-    /// Datapath: auto (eBPF, else nftables), ebpf, nftables or none.
-    #[arg(global = true, long, value_enum, default_value_t = ProxyMode::Auto)]
-    #[serde(serialize_with = "flagz::value_enum")]
-    pub proxy_mode: ProxyMode,
-
-    /// Address of kube-proxy's health server (/healthz, /livez).
-    #[arg(
-        global = true,
-        long,
-        value_name = "IP:PORT",
-        default_value = "0.0.0.0:10256"
-    )]
-    pub healthz_bind_address: String,
-
-    /// Address of the metrics and status server (/metrics, /statusz, /flagz).
-    #[arg(
-        global = true,
-        long,
-        value_name = "IP:PORT",
-        default_value = "127.0.0.1:10249"
-    )]
-    pub metrics_bind_address: String,
-
-    /// Kubeconfig file; empty = in-cluster configuration.
-    #[arg(global = true, long, value_name = "PATH", default_value = "")]
-    pub kubeconfig: String,
-
-    /// Address of the API server, overriding the kubeconfig's.
-    #[arg(global = true, long, value_name = "URL", default_value = "")]
-    // The URL may carry user-info (credentials).
-    #[serde(serialize_with = "flagz::classified")]
-    pub master: String,
-
-    /// Where Services and EndpointSlices come from.
-    #[arg(global = true, long, value_enum, default_value_t = SourceKind::Kube)]
-    #[serde(serialize_with = "flagz::value_enum")]
-    pub source: SourceKind,
-
-    /// Directory of YAML/JSON manifests for --source file.
-    #[arg(global = true, long, value_name = "DIR")]
-    pub manifests: Option<PathBuf>,
-
-    /// TCP address of the localnet gRPC API; empty disables it.
-    #[arg(global = true, long, value_name = "IP:PORT", default_value = DEFAULT_LOCALNET_BIND_ADDRESS)]
-    pub localnet_bind_address: String,
-
-    /// Unix socket of the localnet gRPC API (mode 0660); empty disables it.
-    #[arg(global = true, long, value_name = "PATH", default_value = DEFAULT_LOCALNET_SOCKET)]
-    pub localnet_socket: String,
-
-    /// Unix socket of the PodInfo gRPC API (mode 0660); empty disables it.
-    #[arg(global = true, long, value_name = "PATH", default_value = DEFAULT_PODINFO_SOCKET)]
-    pub podinfo_socket: String,
-
-    /// PodInfo API calls per second per client (token bucket refill).
-    #[arg(global = true, long, value_name = "QPS", default_value_t = 100.0, value_parser = positive_float)]
-    #[serde(serialize_with = "go_float")]
-    pub podinfo_qps: f64,
-
-    /// PodInfo API calls a client may make at once (token bucket size).
-    #[arg(global = true, long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
-    pub podinfo_burst: u32,
-
-    /// bpffs directory for pinned maps and links.
-    #[arg(global = true, long, value_name = "DIR", default_value = DEFAULT_BPFFS_ROOT)]
-    pub bpffs_root: PathBuf,
-
-    /// cgroup v2 directory the socket hooks attach to; empty = the cgroup v2
-    /// root found in /proc/self/mountinfo.
-    #[arg(global = true, long, value_name = "DIR", default_value = "")]
-    pub cgroup_path: String,
-
-    /// Resync period; the health timeout is twice this.
-    #[arg(global = true, long, value_name = "DURATION", default_value = "30s")]
-    #[serde(serialize_with = "flagz::go_duration")]
-    pub sync_period: String,
-
-    /// CIDRs of node addresses that accept NodePort traffic, comma
-    /// separated; empty = all.
-    #[arg(global = true, long, value_name = "CIDRS", default_value = "")]
-    #[serde(serialize_with = "flagz::list")]
-    pub nodeport_addresses: String,
-
-    /// Remove what any datapath left on the node (eBPF links and pins, the
-    /// nftables tables, stale sockets) and exit: kube-proxy's spelling of
-    /// the `cleanup` subcommand.
-    #[arg(global = true, long)]
-    pub cleanup: bool,
-
-    /// Log verbosity (0-10, as klog's -v).
-    #[arg(
-        global = true,
-        short = 'v',
-        long = "v",
-        value_name = "LEVEL",
-        default_value_t = 0
-    )]
-    pub verbosity: u8,
 }
 
 #[derive(Debug, Subcommand)]
@@ -228,58 +82,13 @@ pub struct WatchArgs {
     pub once: bool,
 }
 
-#[derive(Debug, Subcommand)]
-pub enum PodInfoCommand {
-    /// Print the pods of this node with their conditions.
-    List(PodInfoArgs),
-    /// Print one pod, by NAMESPACE/NAME or --uid.
-    Get(PodInfoGetArgs),
-    /// Print the pod list, then again after every change.
-    Watch(PodInfoArgs),
-}
-
-#[derive(Clone, Debug, Args)]
-pub struct PodInfoArgs {
-    /// PodInfo API socket.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_PODINFO_SOCKET)]
-    pub socket: PathBuf,
-
-    /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = PodInfoOutput::Text)]
-    pub output: PodInfoOutput,
-}
-
-#[derive(Clone, Debug, Args)]
-pub struct PodInfoGetArgs {
-    /// The pod.
-    #[arg(value_name = "NAMESPACE/NAME", value_parser = parse_pod_key, required_unless_present = "uid")]
-    pub pod: Option<ObjectKey>,
-
-    /// The pod's UID; with NAMESPACE/NAME, both must match.
-    #[arg(long, value_name = "UID")]
-    pub uid: Option<String>,
-
-    #[command(flatten)]
-    pub client: PodInfoArgs,
-}
-
-/// A rate: finite and greater than 0.
-fn positive_float(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("{s:?} is not a number greater than 0")),
-    }
-}
-
-/// A float flag as Go's pflag shows it on /flagz (`100`, `0.5`).
-fn go_float<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&v.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::datapath::ProxyMode;
+    use crate::flagz;
     use clap::CommandFactory;
+    use std::path::PathBuf;
 
     #[test]
     fn cli_definition_is_consistent() {

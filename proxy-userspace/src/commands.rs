@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::cli::{ClientArgs, DaemonFlags, DumpArgs, WatchArgs};
+use crate::cli::{ClientArgs, DumpArgs, WatchArgs};
+use crate::config::DaemonFlags;
 use crate::datapath::{ebpf, nft};
 use crate::localnet::client::{self, State};
 use crate::localnet::render::{render, OutputFormat};

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::cli::DaemonFlags;
+use crate::config::DaemonFlags;
 use crate::net::parse_cidr_list;
 
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";

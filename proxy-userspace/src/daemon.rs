@@ -67,7 +67,7 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
         resources: SOURCE_RESOURCES,
         // LocalState and every datapath cover both families.
         families: vec![IpFamily::V4, IpFamily::V6],
-        flags: config.flagz.clone(),
+        flags: crate::flagz::collect(&config.flags),
     })?);
     status.set_localnet_listening(true);
     datapath

@@ -12,6 +12,8 @@ pub mod config_file;
 pub mod daemon;
 pub mod datapath;
 pub mod events;
+pub mod flagz;
+pub mod gofmt;
 pub mod grpc_discovery;
 pub mod grpc_unix;
 pub mod localnet;

@@ -7,10 +7,10 @@
 
 use std::sync::Arc;
 
-use crate::model::{compute, ClusterState, NodeContext, Pod};
+use crate::model::{compute, ClusterState, Node, NodeContext, Pod};
 use crate::snapshot::{PodSnapshot, PodSnapshotSender, Snapshot, SnapshotSender};
 use crate::sources::{SourceMessage, SourceReceiver};
-use crate::status::{node_eligible, ChangeBatch, ChangeNote, Status};
+use crate::status::{ChangeBatch, ChangeNote, Status};
 
 /// Publishes this node's pods when they differ from the last published
 /// ones. The model `Pod` holds only what PodInfo shows, so equality is
@@ -86,7 +86,7 @@ pub fn run(
         }
         if dirty {
             status.changes_queued(queued);
-            status.set_node_eligible(node_eligible(cluster.nodes.get(&node.node_name)));
+            status.set_node_eligible(Node::eligible(cluster.nodes.get(&node.node_name)));
         }
         if synced && dirty {
             publish_pods(&cluster, &node.node_name, &pods_out);

@@ -188,7 +188,7 @@ fn statusz_answers_get_and_head_only() {
 
 /// Every daemon flag's long name, sorted: the set /flagz must show.
 fn daemon_flag_names() -> Vec<String> {
-    let command = <ebpf_kube_proxy::cli::DaemonFlags as clap::Args>::augment_args(
+    let command = <ebpf_kube_proxy::config::DaemonFlags as clap::Args>::augment_args(
         clap::Command::new("flags"),
     );
     let mut names: Vec<String> = command

@@ -1,5 +1,5 @@
 //! gRPC on unix sockets, shared by the localnet (SPEC §6) and PodInfo
-//! (SPEC §7) servers: binding the socket file (mode 0660, a stale file
+//! (SPEC §7) servers and clients: the client channel, binding the socket file (mode 0660, a stale file
 //! replaced), removing it at exit, and accepted connections that know
 //! their peer process and accept any client's `:authority` (SPEC §10.1,
 //! see [`authority`]).
@@ -12,13 +12,34 @@ use std::path::Path;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::Connected;
+use tonic::transport::{Channel, Endpoint, Uri};
 
 use authority::Rewriter;
+
+/// Largest message the servers send and the clients accept (SPEC §6.2).
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// A gRPC channel over the unix socket at `path` (shared by the localnet
+/// and PodInfo clients).
+pub async fn channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
+    let path = path.to_owned();
+    // The URI is required by the API but unused by the connector.
+    Endpoint::from_static("http://unix.invalid")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await
+}
 
 /// Who is at the other end of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -6,13 +6,12 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use proto::localnet::v1 as pb;
 use proto::localnet::v1::endpoints_client::EndpointsClient;
 use tokio_stream::StreamExt;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::{Channel, Endpoint};
 
-use super::server::MAX_MESSAGE_BYTES;
+use crate::grpc_unix::{self, MAX_MESSAGE_BYTES};
 
 /// Where the localnet API is: `HOST:PORT` or `unix:PATH`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,25 +76,9 @@ pub async fn connect(target: &Target) -> Result<EndpointsClient<Channel>, Client
             .connect()
             .await
             .map_err(err)?,
-        Target::Unix(path) => unix_channel(path).await.map_err(err)?,
+        Target::Unix(path) => grpc_unix::channel(path).await.map_err(err)?,
     };
     Ok(EndpointsClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES))
-}
-
-/// A gRPC channel over the unix socket at `path` (shared by the localnet
-/// and PodInfo clients).
-pub async fn unix_channel(path: &std::path::Path) -> Result<Channel, tonic::transport::Error> {
-    let path = path.to_owned();
-    // The URI is required by the API but unused by the connector.
-    Endpoint::from_static("http://unix.invalid")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        }))
-        .await
 }
 
 /// One full state as received from `Next`.

@@ -20,11 +20,9 @@ use tonic::{Request, Response, Status};
 
 use super::convert;
 use crate::grpc_discovery::Discovery;
-use crate::grpc_unix::{self, bind_unix, remove_socket};
+use crate::grpc_unix::{self, bind_unix, remove_socket, MAX_MESSAGE_BYTES};
 use crate::snapshot::{Snapshot, SnapshotReceiver};
 
-/// Largest message the server sends and the client accepts (SPEC §6.2).
-pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 /// Watch events buffered per stream; a slower reader makes the sender wait
 /// and then skips to the newest revision.
 const WATCH_BUFFER: usize = 256;

@@ -244,9 +244,19 @@ pub struct Node {
     pub addresses: Vec<IpAddr>,
 }
 
+/// The taint the cluster autoscaler puts on a node it is about to delete.
+pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
+
 impl Node {
     pub fn zone(&self) -> Option<&str> {
         self.labels.get(LABEL_ZONE).map(String::as_str)
+    }
+
+    /// kube-proxy's node eligibility (SPEC §4.1): false once this node is
+    /// being deleted or the autoscaler marked it; true when the Node is
+    /// unknown.
+    pub fn eligible(node: Option<&Node>) -> bool {
+        node.is_none_or(|n| !n.deleting && !n.taint_keys.iter().any(|k| k == TAINT_TO_BE_DELETED))
     }
 }
 

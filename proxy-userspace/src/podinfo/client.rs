@@ -5,14 +5,15 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
+use clap::{Args, Subcommand};
 use proto::podinfo::v1alpha1 as pb;
 use proto::podinfo::v1alpha1::pod_info_service_client::PodInfoServiceClient;
 use tonic::transport::Channel;
 
-use crate::cli::{PodInfoArgs, PodInfoCommand, PodInfoGetArgs};
-use crate::localnet::server::MAX_MESSAGE_BYTES;
+use crate::config::flags::DEFAULT_PODINFO_SOCKET;
+use crate::gofmt::rfc3339_seconds;
+use crate::grpc_unix::{self, MAX_MESSAGE_BYTES};
 use crate::model::ObjectKey;
-use crate::status::format::rfc3339_seconds;
 
 /// `-o` of the podinfo commands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -21,6 +22,41 @@ pub enum OutputFormat {
     Text,
     /// The response message in the proto3 JSON mapping, one per line.
     Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PodInfoCommand {
+    /// Print the pods of this node with their conditions.
+    List(PodInfoArgs),
+    /// Print one pod, by NAMESPACE/NAME or --uid.
+    Get(PodInfoGetArgs),
+    /// Print the pod list, then again after every change.
+    Watch(PodInfoArgs),
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct PodInfoArgs {
+    /// PodInfo API socket.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_PODINFO_SOCKET)]
+    pub socket: PathBuf,
+
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct PodInfoGetArgs {
+    /// The pod.
+    #[arg(value_name = "NAMESPACE/NAME", value_parser = parse_pod_key, required_unless_present = "uid")]
+    pub pod: Option<ObjectKey>,
+
+    /// The pod's UID; with NAMESPACE/NAME, both must match.
+    #[arg(long, value_name = "UID")]
+    pub uid: Option<String>,
+
+    #[command(flatten)]
+    pub client: PodInfoArgs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,24 +93,22 @@ pub fn parse_pod_key(s: &str) -> Result<ObjectKey, String> {
 
 /// Opens a channel to the socket at `path`.
 pub async fn connect(path: &Path) -> Result<PodInfoServiceClient<Channel>, ClientError> {
-    let channel = crate::localnet::client::unix_channel(path)
-        .await
-        .map_err(|e| {
-            let mut reason = e.to_string();
-            let mut cause = std::error::Error::source(&e);
-            while let Some(c) = cause {
-                // Some layers already print their cause.
-                let text = c.to_string();
-                if !reason.ends_with(&text) {
-                    reason = format!("{reason}: {text}");
-                }
-                cause = c.source();
+    let channel = grpc_unix::channel(path).await.map_err(|e| {
+        let mut reason = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            // Some layers already print their cause.
+            let text = c.to_string();
+            if !reason.ends_with(&text) {
+                reason = format!("{reason}: {text}");
             }
-            ClientError::Connect {
-                path: path.to_owned(),
-                reason,
-            }
-        })?;
+            cause = c.source();
+        }
+        ClientError::Connect {
+            path: path.to_owned(),
+            reason,
+        }
+    })?;
     Ok(PodInfoServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES))
 }
 

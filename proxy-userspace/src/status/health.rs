@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
-use super::format::{rfc3339_nanos, ZERO_TIME_RFC3339};
+use crate::gofmt::{rfc3339_nanos, ZERO_TIME_RFC3339};
 use crate::model::IpFamily;
 
 /// A point in time on both clocks: `Instant` for ages (immune to clock

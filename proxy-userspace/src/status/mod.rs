@@ -9,8 +9,6 @@
 //! ([`server`]) only read it. Nothing here reaches back into the model.
 
 pub mod checks;
-pub mod flagz;
-pub mod format;
 pub mod hcnp;
 pub mod health;
 pub mod metrics;
@@ -23,18 +21,13 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::datapath::ProxyMode;
-use crate::model::{
-    AddressType, Change, IpFamily, LocalState, Node, Object, ObjectKind, ObjectRef,
-};
+use crate::flagz::FlagValue;
+use crate::model::{AddressType, Change, IpFamily, LocalState, Object, ObjectKind, ObjectRef};
 use checks::Check;
-use flagz::FlagValue;
 use health::{HealthTracker, PendingChanges, ProxyEndpoint, ProxyHealthInput, Stamp};
 use metrics::Metrics;
 
 pub use server::{StatusError, StatusServers};
-
-/// Taint the cluster autoscaler puts on a node it is about to delete.
-pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
 
 /// What the status surfaces need to know about this daemon at start.
 #[derive(Clone, Debug)]
@@ -111,12 +104,6 @@ impl ChangeBatch {
         }
         self.0.trigger_times.extend(note.trigger);
     }
-}
-
-/// kube-proxy's node eligibility (SPEC §4.1): false once this node is being
-/// deleted or the autoscaler marked it; true when the Node is unknown.
-pub fn node_eligible(node: Option<&Node>) -> bool {
-    node.is_none_or(|n| !n.deleting && !n.taint_keys.iter().any(|k| k == TAINT_TO_BE_DELETED))
 }
 
 fn unix_seconds(t: SystemTime) -> f64 {
@@ -441,6 +428,7 @@ impl Status {
 mod tests {
     use super::*;
     use crate::model::{compute, ClusterState, NodeContext};
+    use crate::model::{Node, TAINT_TO_BE_DELETED};
 
     fn status(sync_period: Duration) -> Status {
         Status::new(StatusOptions {
@@ -527,10 +515,10 @@ mod tests {
             taint_keys: taints.iter().map(|t| t.to_string()).collect(),
             addresses: vec![],
         };
-        assert!(node_eligible(None));
-        assert!(node_eligible(Some(&node(false, &["other"]))));
-        assert!(!node_eligible(Some(&node(true, &[]))));
-        assert!(!node_eligible(Some(&node(false, &[TAINT_TO_BE_DELETED]))));
+        assert!(Node::eligible(None));
+        assert!(Node::eligible(Some(&node(false, &["other"]))));
+        assert!(!Node::eligible(Some(&node(true, &[]))));
+        assert!(!Node::eligible(Some(&node(false, &[TAINT_TO_BE_DELETED]))));
     }
 
     #[test]

@@ -7,9 +7,9 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use super::flagz::FlagValue;
-use super::format::{go_unix_date, html_escape, rfc3339_seconds, uptime};
 use super::negotiate::{not_acceptable_message, Structured, Version};
+use crate::flagz::FlagValue;
+use crate::gofmt::{go_unix_date, html_escape, rfc3339_seconds, uptime};
 
 /// Component name on every page.
 pub const COMPONENT: &str = "ebpf-kube-proxy";

@@ -58,15 +58,6 @@ fn render(v: &serde_json::Value) -> String {
     }
 }
 
-/// A duration flag given as text: shown in Go form (`1m0s`) once parsed.
-pub fn go_duration<S: Serializer>(value: &str, s: S) -> Result<S::Ok, S::Error> {
-    match crate::config::parse_duration(value) {
-        Ok(d) => s.serialize_str(&super::format::go_duration(d)),
-        // Config validation rejects it anyway; show what was given.
-        Err(_) => s.serialize_str(value),
-    }
-}
-
 /// A comma-separated list flag: shown as `[a,b]`, `[]` when empty.
 pub fn list<S: Serializer>(value: &str, s: S) -> Result<S::Ok, S::Error> {
     s.collect_seq(value.split(',').map(str::trim).filter(|v| !v.is_empty()))
@@ -101,7 +92,7 @@ mod tests {
         #[arg(long, default_value = "")]
         plain: String,
         #[arg(long, default_value = "30s")]
-        #[serde(serialize_with = "go_duration")]
+        #[serde(serialize_with = "crate::config::flags::go_duration")]
         period: String,
         #[arg(long, default_value = "")]
         #[serde(serialize_with = "list")]
@@ -122,7 +113,8 @@ mod tests {
 
     #[test]
     fn every_daemon_flag_has_a_value_and_the_master_url_is_classified() {
-        use crate::cli::{Cli, DaemonFlags};
+        use crate::cli::Cli;
+        use crate::config::DaemonFlags;
         let cli = Cli::try_parse_from([
             "ebpf-kube-proxy",
             "--master",

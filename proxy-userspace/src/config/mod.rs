@@ -5,9 +5,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::cli::{DaemonFlags, SourceKind};
+pub mod duration;
+pub mod flags;
+
 use crate::datapath::ProxyMode;
 use crate::net::{parse_cidr_list, Cidr};
+pub use duration::parse_duration;
+pub use flags::{DaemonFlags, SourceKind};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("--{flag} {value:?}: {reason}")]
@@ -36,7 +40,7 @@ pub enum SourceConfig {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     pub node_name: String,
     pub cluster_cidrs: Vec<Cidr>,
@@ -57,7 +61,8 @@ pub struct Config {
     pub verbosity: u8,
     /// Every flag with its effective value as `/flagz` shows it (sensitive
     /// values already redacted).
-    pub flagz: Vec<(String, String)>,
+    /// The effective flags (command line over config file), for /flagz.
+    pub flags: DaemonFlags,
 }
 
 fn socket_addr(flag: &'static str, v: &str) -> Result<SocketAddr, ConfigError> {
@@ -172,48 +177,9 @@ impl Config {
             sync_period,
             nodeport_addresses,
             verbosity: f.verbosity,
-            flagz: crate::status::flagz::collect(f),
+            flags: f.clone(),
         })
     }
-}
-
-/// Parses a Go `time.Duration` string: `30s`, `1m0s`, `1h30m`, `250ms`, `1.5s`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("{s:?} is not a duration (e.g. 30s, 1m0s, 250ms)");
-    let s = s.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut rest = s;
-    let mut total = 0f64;
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(bad)?;
-        if num_len == 0 {
-            return Err(bad());
-        }
-        let value: f64 = rest[..num_len].parse().map_err(|_| bad())?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(bad()),
-        };
-        rest = &rest[unit_len..];
-        total += value * scale;
-    }
-    Duration::try_from_secs_f64(total).map_err(|_| bad())
 }
 
 #[cfg(test)]
@@ -339,15 +305,5 @@ mod tests {
             (c.metrics_bind_address, c.healthz_bind_address),
             (None, None)
         );
-    }
-
-    #[test]
-    fn go_durations_parse() {
-        assert_eq!(parse_duration("1m0s"), Ok(Duration::from_secs(60)));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert!(parse_duration("5").is_err());
-        assert!(parse_duration("").is_err());
     }
 }
