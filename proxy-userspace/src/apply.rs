@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::datapath::{ApplyStats, Datapath, DatapathError, ServiceChange};
 use crate::model::claims::Claims;
 use crate::model::{for_each_changed, LocalState, ObjectKey};
-use crate::snapshot::SnapshotReceiver;
+use crate::snapshot::{Follower, SnapshotReceiver};
 use crate::status::Status;
 
 /// Test hook (SPEC §10.3): while the file it names exists, the datapath
@@ -162,56 +162,39 @@ pub fn retry_delay(sync_period: Duration, failures: u32) -> Duration {
 /// channel.
 pub async fn run(
     mut applier: Applier,
-    mut snapshots: SnapshotReceiver,
+    snapshots: SnapshotReceiver,
     shutdown: CancellationToken,
     status: Arc<Status>,
     sync_period: Duration,
 ) {
     let stall_file = std::env::var_os(STALL_DATAPATH_ENV).map(PathBuf::from);
     let mut failures = 0u32;
-    let mut retry_at: Option<tokio::time::Instant> = None;
-    loop {
-        let stalled = stall_file.as_deref().is_some_and(|p| p.exists());
-        let snapshot = snapshots.borrow_and_update().clone();
-        if snapshot.is_synced() && !stalled && (retry_at.is_none() || failures == 0) {
-            let started = Instant::now();
-            match applier.apply(&snapshot.state) {
-                Ok(applied) => {
-                    let elapsed = started.elapsed();
-                    failures = 0;
-                    retry_at = None;
-                    status.datapath_applied(snapshot.rev, &snapshot.state, elapsed);
-                    status.set_map_entries(&applier.datapath().map_entries());
-                    status.set_address_conflicts(applier.address_conflicts());
-                    tracing::debug!(rev = snapshot.rev, mode = %applier.datapath().mode(), full = applied.full, services_changed = applied.stats.services_changed, ?elapsed, "datapath applied");
-                }
-                Err(e) => {
-                    failures += 1;
-                    let delay = retry_delay(sync_period, failures);
-                    retry_at = Some(tokio::time::Instant::now() + delay);
-                    status.datapath_apply_failed();
-                    tracing::error!(rev = snapshot.rev, error = %e, retry_in = ?delay, "datapath apply failed; retrying with a full sync");
-                }
-            }
+    let mut follower = Follower::new(snapshots, shutdown);
+    while let Some(snapshot) = follower.next().await {
+        if stall_file.as_deref().is_some_and(|p| p.exists()) {
+            follower.again_after(STALL_RECHECK);
+            continue;
         }
-        let recheck = async {
-            match (stalled, retry_at) {
-                (true, _) => tokio::time::sleep(STALL_RECHECK).await,
-                (false, Some(at)) => tokio::time::sleep_until(at).await,
-                (false, None) => std::future::pending().await,
+        if !snapshot.is_synced() {
+            continue;
+        }
+        let started = Instant::now();
+        match applier.apply(&snapshot.state) {
+            Ok(applied) => {
+                let elapsed = started.elapsed();
+                failures = 0;
+                status.datapath_applied(snapshot.rev, &snapshot.state, elapsed);
+                status.set_map_entries(&applier.datapath().map_entries());
+                status.set_address_conflicts(applier.address_conflicts());
+                tracing::debug!(rev = snapshot.rev, mode = %applier.datapath().mode(), full = applied.full, services_changed = applied.stats.services_changed, ?elapsed, "datapath applied");
             }
-        };
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            changed = snapshots.changed() => {
-                if changed.is_err() { return }
+            Err(e) => {
+                failures += 1;
+                let delay = retry_delay(sync_period, failures);
+                status.datapath_apply_failed();
+                tracing::error!(rev = snapshot.rev, error = %e, retry_in = ?delay, "datapath apply failed; retrying with a full sync");
                 // A new state is tried at once, whatever the timer says.
-                retry_at = None;
-            }
-            _ = recheck => {
-                if retry_at.is_some_and(|at| at <= tokio::time::Instant::now()) {
-                    retry_at = None;
-                }
+                follower.again_after(delay);
             }
         }
     }

@@ -47,3 +47,84 @@ pub type PodSnapshotReceiver = watch::Receiver<Arc<PodSnapshot>>;
 pub fn pod_snapshot_channel() -> (PodSnapshotSender, PodSnapshotReceiver) {
     watch::channel(Arc::new(PodSnapshot::default()))
 }
+
+/// Follows a snapshot channel: [`Follower::next`] yields the newest value
+/// at once, then after every change (a slow consumer skips intermediate
+/// values), until `shutdown` or until the sender is gone. A consumer may
+/// ask to be woken again after a delay even without a change (a retry, a
+/// recheck) with [`Follower::again_after`]; a change arriving first wakes
+/// it at once.
+///
+/// The one loop behind the datapath coordinator, the localnet and PodInfo
+/// converters and the health-check node ports.
+pub struct Follower<T> {
+    rx: watch::Receiver<Arc<T>>,
+    shutdown: tokio_util::sync::CancellationToken,
+    started: bool,
+    again: Option<std::time::Duration>,
+}
+
+impl<T> Follower<T> {
+    pub fn new(rx: watch::Receiver<Arc<T>>, shutdown: tokio_util::sync::CancellationToken) -> Self {
+        Self {
+            rx,
+            shutdown,
+            started: false,
+            again: None,
+        }
+    }
+
+    /// The newest value; `None` once shut down or the sender is gone.
+    pub async fn next(&mut self) -> Option<Arc<T>> {
+        if std::mem::replace(&mut self.started, true) {
+            let again = self.again.take();
+            let wait = async {
+                match again {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return None,
+                changed = self.rx.changed() => changed.ok()?,
+                () = wait => {}
+            }
+        }
+        if self.shutdown.is_cancelled() {
+            return None;
+        }
+        Some(self.rx.borrow_and_update().clone())
+    }
+
+    /// Wake the next [`Follower::next`] after `delay` even without a change.
+    pub fn again_after(&mut self, delay: std::time::Duration) {
+        self.again = Some(delay);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_follower_sees_the_newest_value_wakes_on_request_and_stops() {
+        let (tx, rx) = watch::channel(Arc::new(0u32));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let mut f = Follower::new(rx, stop.clone());
+        assert_eq!(f.next().await.as_deref(), Some(&0));
+        tx.send_replace(Arc::new(1));
+        tx.send_replace(Arc::new(2));
+        // Intermediate values are skipped.
+        assert_eq!(f.next().await.as_deref(), Some(&2));
+        // Without a change, only a requested wake-up returns.
+        let quiet = tokio::time::timeout(Duration::from_millis(50), f.next()).await;
+        assert!(quiet.is_err(), "woke without a change");
+        f.again_after(Duration::from_millis(10));
+        assert_eq!(f.next().await.as_deref(), Some(&2));
+        stop.cancel();
+        assert!(f.next().await.is_none());
+        drop(tx);
+    }
+}

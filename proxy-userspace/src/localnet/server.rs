@@ -16,12 +16,13 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tonic::{Request, Response, Status};
 
 use super::convert;
 use crate::grpc_discovery::Discovery;
 use crate::grpc_unix::{self, bind_unix, remove_socket, MAX_MESSAGE_BYTES};
-use crate::snapshot::{Snapshot, SnapshotReceiver};
+use crate::snapshot::{Follower, Snapshot, SnapshotReceiver};
 
 /// Watch events buffered per stream; a slower reader makes the sender wait
 /// and then skips to the newest revision.
@@ -90,41 +91,38 @@ pub struct LocalnetService {
     shutdown: CancellationToken,
     metrics: Option<super::metrics::LocalnetMetrics>,
     discovery: Discovery,
+    /// The snapshot → frame task, owned by the service's clones.
+    _converter: Arc<AbortOnDropHandle<()>>,
 }
 
 impl LocalnetService {
     /// Starts converting snapshots into frames (a task that ends with the
-    /// snapshot channel or `shutdown`). gRPC health turns `SERVING` with
-    /// the first frame.
+    /// snapshot channel or `shutdown`, and is aborted when the last clone
+    /// of the service goes). gRPC health turns `SERVING` with the first
+    /// frame.
     pub async fn new(
         instance_id: u64,
-        mut snapshots: SnapshotReceiver,
+        snapshots: SnapshotReceiver,
         shutdown: CancellationToken,
     ) -> Self {
         let (frame_tx, frames) = watch::channel(Arc::new(Frame::default()));
-        let cancel = shutdown.clone();
         let discovery = Discovery::new(SERVICE_NAME).await;
         let health = discovery.clone();
-        tokio::spawn(async move {
-            loop {
-                let snapshot = snapshots.borrow_and_update().clone();
-                if snapshot.is_synced() {
-                    // Conversion is CPU work proportional to the state size.
-                    let frame =
-                        tokio::task::spawn_blocking(move || Frame::from_snapshot(&snapshot)).await;
-                    match frame {
-                        Ok(f) => {
-                            frame_tx.send_replace(Arc::new(f));
-                            health.serving().await;
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %e, "converting the state for localnet failed")
-                        }
-                    }
+        let mut follower = Follower::new(snapshots, shutdown.clone());
+        let converter = tokio::spawn(async move {
+            while let Some(snapshot) = follower.next().await {
+                if !snapshot.is_synced() {
+                    continue;
                 }
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    changed = snapshots.changed() => if changed.is_err() { return },
+                // Conversion is CPU work proportional to the state size.
+                match tokio::task::spawn_blocking(move || Frame::from_snapshot(&snapshot)).await {
+                    Ok(f) => {
+                        frame_tx.send_replace(Arc::new(f));
+                        health.serving().await;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "converting the state for localnet failed")
+                    }
                 }
             }
         });
@@ -134,6 +132,7 @@ impl LocalnetService {
             shutdown,
             metrics: None,
             discovery,
+            _converter: Arc::new(AbortOnDropHandle::new(converter)),
         }
     }
 

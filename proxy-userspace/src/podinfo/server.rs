@@ -22,6 +22,7 @@ use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tonic::{Request, Response, Status};
 
 use super::convert::pod_info;
@@ -29,7 +30,7 @@ use super::limiter::{ClientKey, Limiter, RateLimit, Rejection, WatchSlot};
 use super::metrics::{Method, PodInfoMetrics};
 use crate::grpc_discovery::Discovery;
 use crate::grpc_unix::{self, bind_unix, remove_socket};
-use crate::snapshot::{PodSnapshot, PodSnapshotReceiver};
+use crate::snapshot::{Follower, PodSnapshot, PodSnapshotReceiver};
 
 /// Message of every call before the source has synced.
 pub const NOT_SYNCED: &str = "pod information not synced yet";
@@ -100,31 +101,29 @@ pub struct PodInfoApi {
     metrics: PodInfoMetrics,
     shutdown: CancellationToken,
     discovery: Discovery,
+    /// The snapshot → list task, owned by the API's clones.
+    _converter: Arc<AbortOnDropHandle<()>>,
 }
 
 impl PodInfoApi {
     /// Starts converting pod snapshots into lists (a task that ends with
-    /// the snapshot channel or `shutdown`).
+    /// the snapshot channel or `shutdown`, and is aborted when the last
+    /// clone of the API goes).
     pub async fn new(
-        mut pods: PodSnapshotReceiver,
+        pods: PodSnapshotReceiver,
         limit: RateLimit,
         metrics: PodInfoMetrics,
         shutdown: CancellationToken,
     ) -> Self {
         let (list_tx, lists) = watch::channel(Arc::new(PodList::default()));
-        let cancel = shutdown.clone();
         let discovery = Discovery::new(SERVICE_NAME).await;
         let health = discovery.clone();
-        tokio::spawn(async move {
-            loop {
-                let snapshot = pods.borrow_and_update().clone();
+        let mut follower = Follower::new(pods, shutdown.clone());
+        let converter = tokio::spawn(async move {
+            while let Some(snapshot) = follower.next().await {
                 if snapshot.synced {
                     list_tx.send_replace(Arc::new(PodList::of(&snapshot)));
                     health.serving().await;
-                }
-                tokio::select! {
-                    () = cancel.cancelled() => return,
-                    changed = pods.changed() => if changed.is_err() { return },
                 }
             }
         });
@@ -134,6 +133,7 @@ impl PodInfoApi {
             metrics,
             shutdown,
             discovery,
+            _converter: Arc::new(AbortOnDropHandle::new(converter)),
         }
     }
 

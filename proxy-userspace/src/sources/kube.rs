@@ -20,6 +20,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::objects::{self, ObjectError};
@@ -98,6 +99,7 @@ enum Update {
 }
 
 fn spawn_watch<K>(
+    tasks: &mut JoinSet<()>,
     resource: &'static str,
     api: Api<K>,
     config: watcher::Config,
@@ -107,7 +109,7 @@ fn spawn_watch<K>(
 ) where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let mut stream = watcher(api, config).default_backoff().boxed();
         let mut buffer: Option<Vec<Object>> = None;
         loop {
@@ -192,7 +194,11 @@ pub const RESOURCES: [&str; 4] = ["services", "endpointslices", "nodes", "pods"]
 pub async fn run(client: Client, node_name: String, tx: SourceSender, cancel: CancellationToken) {
     let (updates_tx, mut updates) = mpsc::channel::<Update>(256);
     let proxied = watcher::Config::default().labels(PROXY_LABEL_SELECTOR);
+    // The watches end with `cancel`, and with this function (the set aborts
+    // what is left when dropped).
+    let mut watches = JoinSet::new();
     spawn_watch(
+        &mut watches,
         "services",
         Api::<core::Service>::all(client.clone()),
         proxied.clone(),
@@ -201,6 +207,7 @@ pub async fn run(client: Client, node_name: String, tx: SourceSender, cancel: Ca
         cancel.clone(),
     );
     spawn_watch(
+        &mut watches,
         "endpointslices",
         Api::<discovery::EndpointSlice>::all(client.clone()),
         proxied,
@@ -209,6 +216,7 @@ pub async fn run(client: Client, node_name: String, tx: SourceSender, cancel: Ca
         cancel.clone(),
     );
     spawn_watch(
+        &mut watches,
         "nodes",
         Api::<core::Node>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={node_name}")),
@@ -217,6 +225,7 @@ pub async fn run(client: Client, node_name: String, tx: SourceSender, cancel: Ca
         cancel.clone(),
     );
     spawn_watch(
+        &mut watches,
         "pods",
         Api::<core::Pod>::all(client),
         watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),

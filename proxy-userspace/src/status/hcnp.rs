@@ -21,12 +21,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::Status;
 use crate::events::{ServiceEvents, ServiceRef};
 use crate::model::{LocalServiceType, ObjectKey, TrafficPolicy};
 use crate::net::Cidr;
-use crate::snapshot::SnapshotReceiver;
+use crate::snapshot::{Follower, SnapshotReceiver};
 
 /// The reason of the Event a listener that cannot bind posts.
 pub const FAILED_TO_START: &str = "FailedToStartServiceHealthcheck";
@@ -128,6 +129,9 @@ async fn respond(State(st): State<PortState>) -> Response {
 struct Open {
     answer: Arc<Mutex<Answer>>,
     stop: CancellationToken,
+    /// One server per listen address; aborted if still running when the
+    /// port is dropped.
+    _servers: Vec<AbortOnDropHandle<()>>,
 }
 
 /// Binds `addr`; IPv6 listeners are v6-only so the two families stay apart
@@ -166,7 +170,7 @@ async fn open_port(
     };
     let answer = Arc::new(Mutex::new(answer));
     let stop = shutdown.child_token();
-    let mut bound = 0;
+    let mut servers = Vec::new();
     for ip in config.listen_ips() {
         let addr = SocketAddr::new(ip, port);
         let listener = match bind(addr) {
@@ -184,7 +188,6 @@ async fn open_port(
                 continue;
             }
         };
-        bound += 1;
         let state = PortState {
             answer: answer.clone(),
             status: status.clone(),
@@ -192,31 +195,35 @@ async fn open_port(
         };
         let router = Router::new().fallback(respond).with_state(state);
         let stop = stop.clone();
-        tokio::spawn(async move {
+        servers.push(AbortOnDropHandle::new(tokio::spawn(async move {
             let served = axum::serve(listener, router)
                 .with_graceful_shutdown(stop.cancelled_owned())
                 .await;
             if let Err(e) = served {
                 tracing::warn!(port, error = %e, "health check node port server ended");
             }
-        });
+        })));
     }
-    (bound > 0).then_some(Open { answer, stop })
+    (!servers.is_empty()).then_some(Open {
+        answer,
+        stop,
+        _servers: servers,
+    })
 }
 
 /// Keeps one listener per qualifying Service port until `shutdown`.
 pub async fn run(
     config: HcnpConfig,
     status: Arc<Status>,
-    mut snapshots: SnapshotReceiver,
+    snapshots: SnapshotReceiver,
     shutdown: CancellationToken,
 ) {
     let mut open: BTreeMap<u16, Open> = BTreeMap::new();
     // Ports whose listeners could not bind, and for which service: retried
     // with every state, reported once.
     let mut failed: BTreeMap<u16, ObjectKey> = BTreeMap::new();
-    loop {
-        let snapshot = snapshots.borrow_and_update().clone();
+    let mut follower = Follower::new(snapshots, shutdown.clone());
+    while let Some(snapshot) = follower.next().await {
         if snapshot.is_synced() {
             let mut wanted: BTreeMap<u16, Answer> = BTreeMap::new();
             for s in &snapshot.state.services {
@@ -270,10 +277,6 @@ pub async fn run(
                     }
                 }
             }
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            changed = snapshots.changed() => if changed.is_err() { return },
         }
     }
 }
