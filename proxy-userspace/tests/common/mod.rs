@@ -1,7 +1,8 @@
 //! Test support: run the real `ebpf-kube-proxy` binary on the file source
 //! with its own manifests directory, TCP port and unix socket.
 
-#![allow(dead_code)]
+// Each test binary uses a part of this module.
+#![allow(dead_code, unused_imports)]
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use ebpf_kube_proxy::localnet::client::{self, Target};
 use proto::localnet::v1::endpoints_client::EndpointsClient;
+use test_support::manifests;
 use tonic::transport::Channel;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_ebpf-kube-proxy");
@@ -38,42 +40,27 @@ pub fn free_port() -> SocketAddr {
     l.local_addr().unwrap()
 }
 
-/// A Service manifest with one TCP port 80 → named/numbered target.
+/// A Service manifest with one TCP port `http` 80 → 8080.
 pub fn service(ns: &str, name: &str, cluster_ip: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\n\
-         spec:\n  clusterIP: {cluster_ip}\n  ports:\n  - {{name: http, port: 80, targetPort: 8080}}\n"
+    manifests::Svc::new(ns, name, cluster_ip).yaml()
+}
+
+/// An EndpointSlice `<service>-1` for `service` with ready endpoints at
+/// `ips` on node n2.
+pub fn slice(ns: &str, service: &str, ips: &[&str]) -> String {
+    let endpoints: Vec<manifests::Endpoint> = ips
+        .iter()
+        .map(|ip| manifests::Endpoint::ready(ip, "n2"))
+        .collect();
+    manifests::slice_yaml(
+        &manifests::Svc::new(ns, service, ""),
+        "1",
+        false,
+        &endpoints,
     )
 }
 
-/// An EndpointSlice for `service` with ready endpoints at `ips` on node n2.
-pub fn slice(ns: &str, service: &str, ips: &[&str]) -> String {
-    let mut s = format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-         metadata: {{name: {service}-1, namespace: {ns}, labels: {{kubernetes.io/service-name: {service}}}}}\n\
-         addressType: IPv4\nports:\n- {{name: http, port: 8080, protocol: TCP}}\nendpoints:\n"
-    );
-    for ip in ips {
-        s.push_str(&format!(
-            "- {{addresses: [{ip}], nodeName: n2, conditions: {{ready: true}}}}\n"
-        ));
-    }
-    s
-}
-
-/// A Pod manifest; `conditions` are (type, status, reason) in status order.
-pub fn pod_yaml(ns: &str, name: &str, node: &str, conditions: &[(&str, &str, &str)]) -> String {
-    let mut s = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}, uid: uid-{name}}}\n\
-         spec: {{nodeName: {node}, containers: []}}\nstatus:\n  conditions:\n"
-    );
-    for (t, status, reason) in conditions {
-        s.push_str(&format!(
-            "  - {{type: {t}, status: \"{status}\", reason: \"{reason}\", lastTransitionTime: \"2024-05-01T10:00:00Z\"}}\n"
-        ));
-    }
-    s
-}
+pub use test_support::manifests::pod_yaml;
 
 /// Writes a file atomically (temp file + rename), as kubelet does for
 /// ConfigMap volumes, so the daemon never sees a half-written file.
@@ -384,5 +371,5 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
-pub mod fake_apiserver;
+pub use test_support::fake_apiserver;
 pub mod status;

@@ -98,21 +98,6 @@ fn free_port() -> Result<SocketAddr> {
     Ok(l.local_addr()?)
 }
 
-pub fn cgroup2_root() -> Result<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-    for line in mountinfo.lines() {
-        // "... - cgroup2 cgroup2 rw" : mount point is field 5.
-        if let Some((left, right)) = line.split_once(" - ") {
-            if right.starts_with("cgroup2 ") {
-                if let Some(mp) = left.split_whitespace().nth(4) {
-                    return Ok(PathBuf::from(mp));
-                }
-            }
-        }
-    }
-    bail!("no cgroup2 mount in /proc/self/mountinfo")
-}
-
 /// The pods' netexec servers and the clients are this binary; run them
 /// from a copy, so that a rebuild of xtask during a run cannot pull the
 /// executable away from under them.
@@ -129,7 +114,7 @@ impl Bed {
         let dir = std::env::temp_dir().join(format!("ebpf-kube-proxy-e2e-{id}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("manifests"))?;
-        let cgroup = cgroup2_root()?.join(format!("ebpf-kube-proxy-e2e-{id}"));
+        let cgroup = test_support::cgroup2_root()?.join(format!("ebpf-kube-proxy-e2e-{id}"));
         let bpffs = PathBuf::from(format!("/sys/fs/bpf/ebpf-kube-proxy-e2e-{id}"));
         let xtask_bin = stable_copy_of_self(&dir)?;
         let (localnet_socket, podinfo_socket) =

@@ -8,9 +8,7 @@ mod bed;
 pub mod bench;
 pub mod demo;
 /// The fake API server of the integration tests, shared as one source file.
-#[path = "../../../proxy-userspace/tests/common/fake_apiserver.rs"]
-mod fake_apiserver;
-pub mod netexec;
+pub use test_support::{fake_apiserver, netexec};
 mod scenarios;
 
 use std::path::Path;

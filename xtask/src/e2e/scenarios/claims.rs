@@ -6,16 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 
-use super::{docs, ensure_daemon, request, service_yaml, slice_yaml, wait_until_served, Bed, Svc};
-
-/// `svc` with a creationTimestamp (the claim order) and externalIPs.
-fn claimant(svc: &Svc, created: &str, external_ips: &str) -> String {
-    service_yaml(svc).replacen(
-        "namespace: e2e}",
-        &format!("namespace: e2e, creationTimestamp: \"{created}\"}}"),
-        1,
-    ) + &format!("  externalIPs: [{external_ips}]\n")
-}
+use super::{docs, ensure_daemon, request, slice_yaml, svc, wait_until_served, Bed, Svc};
 
 const CONTESTED: &str = "10.96.0.150:80";
 
@@ -51,18 +42,15 @@ fn wait_owner(bed: &Bed, pod: &str, within: Duration) -> Result<Duration> {
 pub(super) fn contested_address_goes_to_the_older_then_the_next(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
     let new = Svc {
-        name: "claim-new",
-        cluster_ip: "10.96.0.150",
-        ports: &[("http", "TCP", 80, 8080)],
-        extra_spec: "",
+        created: "2024-06-01T00:00:00Z",
+        ..svc("claim-new", "10.96.0.150")
     };
     let old = Svc {
-        name: "claim-old",
-        cluster_ip: "10.96.0.151",
-        ..new
+        created: "2020-01-01T00:00:00Z",
+        external_ips: &["10.96.0.150"],
+        ..svc("claim-old", "10.96.0.151")
     };
-    let new_yaml = claimant(&new, "2024-06-01T00:00:00Z", "");
-    let old_yaml = claimant(&old, "2020-01-01T00:00:00Z", "\"10.96.0.150\"");
+    let (new_yaml, old_yaml) = (new.yaml(), old.yaml());
     let both = docs(&[
         new_yaml.clone(),
         slice_yaml(bed, &new, false, &[(1, "node-2")]),

@@ -40,10 +40,8 @@ pub(super) fn clusterip_tcp(bed: &mut Bed) -> Result<()> {
 pub(super) fn clusterip_udp(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
     let dns = Svc {
-        name: "dns",
-        cluster_ip: "10.96.0.53",
         ports: &[("dns", "UDP", 53, 5353)],
-        extra_spec: "",
+        ..svc("dns", "10.96.0.53")
     };
     apply_service(bed, &dns, false, &three_pods())?;
     wait_until_served(bed, "udp", "10.96.0.53:53", Duration::from_secs(5))?;
@@ -56,15 +54,13 @@ pub(super) fn clusterip_udp(bed: &mut Bed) -> Result<()> {
 pub(super) fn multi_port(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
     let svc = Svc {
-        name: "multi",
-        cluster_ip: "10.96.0.20",
         ports: &[
             ("http", "TCP", 80, 8080),
             ("admin", "TCP", 81, 8081),
             ("stream", "TCP", 53, 8082),
             ("dns", "UDP", 53, 5353),
         ],
-        extra_spec: "",
+        ..svc("multi", "10.96.0.20")
     };
     apply_service(bed, &svc, false, &three_pods())?;
     wait_until_served(bed, "tcp", "10.96.0.20:80", Duration::from_secs(5))?;
@@ -120,10 +116,8 @@ pub(super) fn endpoint_churn(bed: &mut Bed) -> Result<()> {
 pub(super) fn no_endpoints(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
     let empty = Svc {
-        name: "empty",
-        cluster_ip: "10.96.0.30",
         ports: &[("tcp", "TCP", 80, 8080), ("udp", "UDP", 53, 5353)],
-        extra_spec: "",
+        ..svc("empty", "10.96.0.30")
     };
     // Program it with an endpoint first, so "refused" is the datapath's
     // answer for an empty service and not a missing service.
@@ -162,10 +156,11 @@ pub(super) fn no_endpoints(bed: &mut Bed) -> Result<()> {
 pub(super) fn session_affinity(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
     let svc = Svc {
-        name: "sticky",
-        cluster_ip: "10.96.0.40",
-        ports: &[("http", "TCP", 80, 8080)],
-        extra_spec: "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 1}}\n",
+        spec: &[
+            "sessionAffinity: ClientIP",
+            "sessionAffinityConfig: {clientIP: {timeoutSeconds: 1}}",
+        ],
+        ..svc("sticky", "10.96.0.40")
     };
     apply_service(bed, &svc, false, &three_pods())?;
     wait_until_served(bed, "tcp", "10.96.0.40:80", Duration::from_secs(5))?;
@@ -200,10 +195,8 @@ pub(super) fn session_affinity(bed: &mut Bed) -> Result<()> {
 pub(super) fn itp_local(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
     let svc = Svc {
-        name: "local",
-        cluster_ip: "10.96.0.50",
-        ports: &[("http", "TCP", 80, 8080)],
-        extra_spec: "  internalTrafficPolicy: Local\n",
+        spec: &["internalTrafficPolicy: Local"],
+        ..svc("local", "10.96.0.50")
     };
     apply_service(bed, &svc, false, &three_pods())?;
     wait_until_served(bed, "tcp", "10.96.0.50:80", Duration::from_secs(5))?;
@@ -226,12 +219,7 @@ pub(super) fn itp_local(bed: &mut Bed) -> Result<()> {
 /// datapath connects the socket straight to the endpoint.
 pub(super) fn hairpin(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
-    let svc = Svc {
-        name: "self",
-        cluster_ip: "10.96.0.90",
-        ports: &[("http", "TCP", 80, 8080)],
-        extra_spec: "",
-    };
+    let svc = svc("self", "10.96.0.90");
     apply_service(bed, &svc, false, &[(0, "node-1")])?;
     let pod1 = bed.pods[0].netns.clone();
     wait_until_served_from(
@@ -250,10 +238,9 @@ pub(super) fn hairpin(bed: &mut Bed) -> Result<()> {
 pub(super) fn ipv6(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
     let svc = Svc {
-        name: "web6",
-        cluster_ip: "fd00:96::10",
         ports: &[("http", "TCP", 80, 8080), ("dns", "UDP", 53, 5353)],
-        extra_spec: "  ipFamilies: [IPv6]\n",
+        spec: &["ipFamilies: [IPv6]"],
+        ..svc("web6", "fd00:96::10")
     };
     apply_service(bed, &svc, true, &three_pods())?;
     wait_until_served(bed, "tcp", "[fd00:96::10]:80", Duration::from_secs(5))?;

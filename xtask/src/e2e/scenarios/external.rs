@@ -16,14 +16,12 @@ pub(super) fn nodeport_outside(bed: &mut Bed) -> Result<()> {
     }
     ensure_daemon(bed)?;
     let svc = Svc {
-        name: "np",
-        cluster_ip: "10.96.0.80",
-        ports: &[("http", "TCP", 80, 8080)],
-        extra_spec: "",
+        kind: "NodePort",
+        node_ports: &[30080],
+        ..svc("np", "10.96.0.80")
     };
-    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: np, namespace: e2e}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.80\n  ports:\n  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30080}\n".to_owned();
     bed.apply_manifests(&docs(&[
-        service,
+        svc.yaml(),
         slice_yaml(bed, &svc, false, &three_pods()),
     ]))?;
     let target = format!("{}:30080", crate::e2e::bed::NODE_EXTERNAL_IP);
@@ -59,23 +57,16 @@ pub(super) fn nodeport_addresses(bed: &mut Bed) -> Result<()> {
         return Err(Skip(NO_EXTERNAL_DATAPATH).into());
     }
     let svc = Svc {
-        name: "npa",
-        cluster_ip: "10.96.0.150",
-        ports: &[("http", "TCP", 80, 8080)],
-        extra_spec: "  type: NodePort\n",
+        kind: "NodePort",
+        node_ports: &[30150],
+        ..svc("npa", "10.96.0.150")
     };
-    let service =
-        service_yaml(&svc).replace("targetPort: 8080}", "targetPort: 8080, nodePort: 30150}");
+    let service = svc.yaml();
     let target = format!("{}:30150", crate::e2e::bed::NODE_EXTERNAL_IP);
     let outside = bed.outside_netns.clone();
     // A service only the second daemon knows: once it answers, that
     // daemon has replaced the first one's rules.
-    let marker = Svc {
-        name: "npa-marker",
-        cluster_ip: "10.96.0.151",
-        ports: &[("http", "TCP", 80, 8080)],
-        extra_spec: "",
-    };
+    let marker = super::svc("npa-marker", "10.96.0.151");
     let run = |bed: &mut Bed, cidr: &str, with_marker: bool| -> Result<()> {
         if bed.daemon_running() {
             bed.stop_daemon()?;
@@ -135,14 +126,13 @@ pub(super) fn ipv6_nodeport_outside(bed: &mut Bed) -> Result<()> {
     }
     ensure_daemon(bed)?;
     let svc = Svc {
-        name: "np6",
-        cluster_ip: "fd00:96::130",
-        ports: &[("http", "TCP", 80, 8080)],
-        extra_spec: "",
+        kind: "NodePort",
+        node_ports: &[30130],
+        spec: &["ipFamilies: [IPv6]"],
+        ..svc("np6", "fd00:96::130")
     };
-    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: np6, namespace: e2e}\nspec:\n  type: NodePort\n  clusterIP: fd00:96::130\n  ipFamilies: [IPv6]\n  ports:\n  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30130}\n".to_owned();
     bed.apply_manifests(&docs(&[
-        service,
+        svc.yaml(),
         slice_yaml(bed, &svc, true, &three_pods()),
     ]))?;
     let target = format!("[{}]:30130", crate::e2e::bed::NODE_EXTERNAL_IPV6);
@@ -169,33 +159,21 @@ pub(super) const NO_EXTERNAL_DATAPATH: &str =
     "the eBPF datapath has no tc programs for node-external traffic yet";
 
 /// A LoadBalancer service `name` on `cluster_ip`, TCP 80 → 8080, with
-/// `external_ip` in spec.externalIPs, `lb_ip` in
-/// status.loadBalancer.ingress and `extra_spec` (indented two spaces).
-/// Both addresses are outside every subnet of the bed: the outside
-/// namespace sends them to the node along its default route, as a router
-/// in front of the node would.
-pub(super) fn load_balancer_yaml(
-    name: &str,
-    cluster_ip: &str,
-    external_ip: &str,
-    lb_ip: &str,
-    extra_spec: &str,
-) -> String {
-    format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: e2e}}\n\
-         spec:\n  type: LoadBalancer\n  clusterIP: {cluster_ip}\n  externalIPs: [\"{external_ip}\"]\n\
-         {extra_spec}  ports:\n  - {{name: http, protocol: TCP, port: 80, targetPort: 8080}}\n\
-         status:\n  loadBalancer:\n    ingress:\n    - {{ip: \"{lb_ip}\"}}\n"
-    )
-}
-
-/// The Svc matching [`load_balancer_yaml`], for its EndpointSlice.
-pub(super) fn http_svc<'a>(name: &'a str, cluster_ip: &'a str) -> Svc<'a> {
+/// `external_ips` and `lb_ips` (status.loadBalancer.ingress). The
+/// addresses are outside every subnet of the bed: the outside namespace
+/// sends them to the node along its default route, as a router in front of
+/// the node would.
+fn load_balancer<'a>(
+    name: &'a str,
+    cluster_ip: &'a str,
+    external_ips: &'a [&'a str],
+    lb_ips: &'a [&'a str],
+) -> Svc<'a> {
     Svc {
-        name,
-        cluster_ip,
-        ports: &[("http", "TCP", 80, 8080)],
-        extra_spec: "",
+        kind: "LoadBalancer",
+        external_ips,
+        lb_ips,
+        ..svc(name, cluster_ip)
     }
 }
 
@@ -207,9 +185,11 @@ pub(super) fn external_and_lb_ips(bed: &mut Bed) -> Result<()> {
     }
     ensure_daemon(bed)?;
     let (external_ip, lb_ip) = ("203.0.113.20", "203.0.113.10");
+    let addresses = ([external_ip], [lb_ip]);
+    let lb = load_balancer("lb", "10.96.0.100", &addresses.0, &addresses.1);
     bed.apply_manifests(&docs(&[
-        load_balancer_yaml("lb", "10.96.0.100", external_ip, lb_ip, ""),
-        slice_yaml(bed, &http_svc("lb", "10.96.0.100"), false, &three_pods()),
+        lb.yaml(),
+        slice_yaml(bed, &lb, false, &three_pods()),
     ]))?;
     let outside = bed.outside_netns.clone();
     for ip in [external_ip, lb_ip] {
@@ -238,16 +218,16 @@ pub(super) fn lb_source_ranges(bed: &mut Bed) -> Result<()> {
     }
     ensure_daemon(bed)?;
     let (external_ip, lb_ip) = ("203.0.113.21", "203.0.113.11");
+    let addresses = ([external_ip], [lb_ip]);
+    let fw = load_balancer("fw", "10.96.0.110", &addresses.0, &addresses.1);
     let manifests = |ranges: &str| {
         docs(&[
-            load_balancer_yaml(
-                "fw",
-                "10.96.0.110",
-                external_ip,
-                lb_ip,
-                &format!("  loadBalancerSourceRanges: [{ranges}]\n"),
-            ),
-            slice_yaml(bed, &http_svc("fw", "10.96.0.110"), false, &three_pods()),
+            Svc {
+                spec: &[&format!("loadBalancerSourceRanges: [{ranges}]")],
+                ..fw
+            }
+            .yaml(),
+            slice_yaml(bed, &fw, false, &three_pods()),
         ])
     };
     // The outside client is 192.168.100.2.
@@ -295,11 +275,14 @@ pub(super) fn etp_local_nodeport(bed: &mut Bed) -> Result<()> {
         return Err(Skip(NO_EXTERNAL_DATAPATH).into());
     }
     ensure_daemon(bed)?;
-    let svc = http_svc("etp", "10.96.0.120");
-    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: etp, namespace: e2e}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.120\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30090}\n";
-    let manifests = |members: &[(usize, &str)]| {
-        docs(&[service.to_owned(), slice_yaml(bed, &svc, false, members)])
+    let svc = Svc {
+        kind: "NodePort",
+        node_ports: &[30090],
+        spec: &["externalTrafficPolicy: Local"],
+        ..svc("etp", "10.96.0.120")
     };
+    let manifests =
+        |members: &[(usize, &str)]| docs(&[svc.yaml(), slice_yaml(bed, &svc, false, members)]);
     bed.apply_manifests(&manifests(&three_pods()))?;
     let target = format!("{}:30090", crate::e2e::bed::NODE_EXTERNAL_IP);
     let outside = bed.outside_netns.clone();

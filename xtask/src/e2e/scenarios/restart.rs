@@ -73,10 +73,11 @@ pub(super) fn affinity_restart(bed: &mut Bed) -> Result<()> {
     ]
     .into_iter()
     .map(|(name, cluster_ip)| Svc {
-        name,
-        cluster_ip,
-        ports: &[("http", "TCP", 80, 8080)],
-        extra_spec: "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}\n",
+        spec: &[
+            "sessionAffinity: ClientIP",
+            "sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}",
+        ],
+        ..svc(name, cluster_ip)
     })
     .collect();
     let manifests = |extra: &[&Svc]| {
@@ -90,12 +91,7 @@ pub(super) fn affinity_restart(bed: &mut Bed) -> Result<()> {
     // A service the stopped daemon never saw: once it answers, the new
     // daemon has programmed its first state (the old rules stay in place
     // meanwhile and would answer with the old affinity entries).
-    let marker = Svc {
-        name: "sticky-marker",
-        cluster_ip: "10.96.0.143",
-        ports: &[("http", "TCP", 80, 8080)],
-        extra_spec: "",
-    };
+    let marker = svc("sticky-marker", "10.96.0.143");
     let with_marker = manifests(&[&marker]);
     bed.apply_manifests(&manifests(&[]))?;
     let clients: Vec<Option<String>> = std::iter::once(None)
@@ -240,10 +236,8 @@ pub(super) fn kube_source(bed: &mut Bed) -> Result<()> {
 pub(super) fn udp_endpoint_replaced(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
     let svc = Svc {
-        name: "resolver",
-        cluster_ip: "10.96.0.70",
         ports: &[("dns", "UDP", 53, 5353)],
-        extra_spec: "",
+        ..svc("resolver", "10.96.0.70")
     };
     apply_service(bed, &svc, false, &[(0, "node-1")])?;
     wait_until_served(bed, "udp", "10.96.0.70:53", Duration::from_secs(5))?;
