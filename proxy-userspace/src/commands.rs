@@ -8,7 +8,9 @@ use anyhow::Context;
 
 use crate::cli::{ClientArgs, DumpArgs, WatchArgs};
 use crate::config::DaemonFlags;
-use crate::datapath::{ebpf, nft};
+use crate::datapath::ebpf::{self, EbpfDatapath};
+use crate::datapath::nft::NftDatapath;
+use crate::datapath::{Datapath, DatapathConfig, Dump};
 use crate::localnet::client::{self, State};
 use crate::localnet::render::{render, OutputFormat};
 
@@ -71,26 +73,23 @@ pub async fn localnet_watch(args: WatchArgs) -> anyhow::Result<()> {
 /// network namespace decoded per service, else the LocalState the daemon
 /// publishes (`--proxy-mode none` programs nothing).
 pub async fn dump(args: DumpArgs, flags: &DaemonFlags) -> anyhow::Result<()> {
-    if ebpf::is_pinned(&flags.bpffs_root) {
-        let maps = ebpf::dump::read(&flags.bpffs_root).context("dump")?;
-        let text = match args.client.output {
-            OutputFormat::Text => ebpf::dump::text(&maps),
-            OutputFormat::Json => serde_json::to_string(&maps).context("encoding the dump")? + "\n",
-            OutputFormat::Yaml => {
-                format!(
-                    "---\n{}",
-                    serde_yaml::to_string(&maps).context("encoding the dump")?
-                )
+    let config = datapath_config(flags);
+    let found = match EbpfDatapath::dump(&config).context("dump")? {
+        Some(d) => Some(d),
+        None => NftDatapath::dump(&config).context("dump")?,
+    };
+    if let Some(found) = found {
+        let text = match (found, args.client.output) {
+            (Dump::Ebpf(maps), OutputFormat::Text) => ebpf::dump::text(&maps),
+            (Dump::Ebpf(maps), OutputFormat::Json) => {
+                serde_json::to_string(&maps).context("encoding the dump")? + "\n"
             }
+            (Dump::Ebpf(maps), OutputFormat::Yaml) => format!(
+                "---\n{}",
+                serde_yaml::to_string(&maps).context("encoding the dump")?
+            ),
+            (Dump::Nftables(text), _) => text,
         };
-        let mut out = std::io::stdout().lock();
-        return out
-            .write_all(text.as_bytes())
-            .and_then(|()| out.flush())
-            .context("writing to stdout");
-    }
-    if nft::is_programmed() {
-        let text = nft::dump_text().context("dump")?;
         let mut out = std::io::stdout().lock();
         return out
             .write_all(text.as_bytes())
@@ -124,26 +123,13 @@ pub async fn dump(args: DumpArgs, flags: &DaemonFlags) -> anyhow::Result<()> {
 /// this network namespace, and the sockets when no daemon answers on them.
 /// Prints one line per thing it looked at.
 pub async fn cleanup(flags: &DaemonFlags) -> anyhow::Result<()> {
-    match nft::cleanup() {
-        Ok(removed) if removed.is_empty() => println!("nftables: no ebpf-kube-proxy table"),
-        Ok(removed) => println!(
-            "nftables: removed table ebpf-kube-proxy ({})",
-            removed.join(", ")
-        ),
-        // No nf_tables in this kernel: nothing of ours can be there.
-        Err(e) => println!("nftables: skipped ({e})"),
-    }
-    let bpffs_root = &flags.bpffs_root;
-    let report = ebpf::cleanup(bpffs_root).context("cleanup")?;
-    if report.links.is_empty() && report.maps.is_empty() {
-        println!("{}: no eBPF links or maps pinned", bpffs_root.display());
-    } else {
-        println!(
-            "{}: removed links [{}] (programs detached) and maps [{}]",
-            bpffs_root.display(),
-            report.links.join(" "),
-            report.maps.join(" ")
-        );
+    let config = datapath_config(flags);
+    let reports = [
+        NftDatapath::cleanup(&config).context("cleanup")?,
+        EbpfDatapath::cleanup(&config).context("cleanup")?,
+    ];
+    for line in reports.iter().flatten() {
+        println!("{line}");
     }
     let cgroup_path = Path::new(flags.cgroup_path.trim());
     if !cgroup_path.as_os_str().is_empty() {
@@ -174,6 +160,18 @@ pub async fn cleanup(flags: &DaemonFlags) -> anyhow::Result<()> {
     }
     println!("cleanup complete");
     Ok(())
+}
+
+/// What `dump` and `cleanup` need of the datapath settings.
+fn datapath_config(flags: &DaemonFlags) -> DatapathConfig {
+    let cgroup = flags.cgroup_path.trim();
+    DatapathConfig {
+        mode: flags.proxy_mode,
+        bpffs_root: flags.bpffs_root.clone(),
+        cgroup_path: (!cgroup.is_empty()).then(|| cgroup.into()),
+        cluster_cidrs: Vec::new(),
+        nodeport_addresses: Vec::new(),
+    }
 }
 
 async fn remove_stale_socket(path: &Path) -> anyhow::Result<()> {

@@ -101,6 +101,25 @@ pub trait Datapath: Send {
     fn map_entries(&self) -> Vec<(&'static str, usize)> {
         Vec::new()
     }
+    /// What this datapath has programmed, read straight from the kernel (no
+    /// daemon needed, SPEC §10.7); `None` when it programmed nothing.
+    fn dump(config: &DatapathConfig) -> Result<Option<Dump>, DatapathError>
+    where
+        Self: Sized;
+    /// Removes everything this datapath left in the kernel, whether or not
+    /// it is the one `--proxy-mode` names; one report line per thing.
+    fn cleanup(config: &DatapathConfig) -> Result<Vec<String>, DatapathError>
+    where
+        Self: Sized;
+}
+
+/// What `dump` found programmed.
+#[derive(Debug)]
+pub enum Dump {
+    /// The pinned eBPF maps, decoded.
+    Ebpf(ebpf::dump::MapDump),
+    /// The nftables tables, decoded per service.
+    Nftables(String),
 }
 
 /// Which datapath runs, and why when it is not the one asked for.

@@ -12,6 +12,14 @@ impl Datapath for NoneDatapath {
         ProxyMode::None
     }
 
+    fn dump(_: &super::DatapathConfig) -> Result<Option<super::Dump>, DatapathError> {
+        Ok(None)
+    }
+
+    fn cleanup(_: &super::DatapathConfig) -> Result<Vec<String>, DatapathError> {
+        Ok(Vec::new())
+    }
+
     fn program_all(
         &mut self,
         next: &LocalState,

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 use crate::model::{LocalState, ObjectKey};
 
-use super::{ApplyStats, Datapath, DatapathError, ProxyMode, ServiceChange};
+use super::{ApplyStats, Datapath, DatapathConfig, DatapathError, Dump, ProxyMode, ServiceChange};
 use crate::model::claims::Claims;
 use codec::Vip;
 use desired::DesiredService;
@@ -228,6 +228,28 @@ impl Datapath for EbpfDatapath {
             (proxy_common::MAP_SERVICES, self.view.service_entry_count()),
             (proxy_common::MAP_BACKENDS, self.view.backend_count()),
         ]
+    }
+
+    fn dump(config: &DatapathConfig) -> Result<Option<Dump>, DatapathError> {
+        if !is_pinned(&config.bpffs_root) {
+            return Ok(None);
+        }
+        Ok(Some(Dump::Ebpf(dump::read(&config.bpffs_root)?)))
+    }
+
+    fn cleanup(config: &DatapathConfig) -> Result<Vec<String>, DatapathError> {
+        let root = &config.bpffs_root;
+        let report = loader::cleanup(root)?;
+        Ok(vec![if report.links.is_empty() && report.maps.is_empty() {
+            format!("{}: no eBPF links or maps pinned", root.display())
+        } else {
+            format!(
+                "{}: removed links [{}] (programs detached) and maps [{}]",
+                root.display(),
+                report.links.join(" "),
+                report.maps.join(" ")
+            )
+        }])
     }
 
     /// Every owned VIP of `next` against the whole view; VIPs in the maps

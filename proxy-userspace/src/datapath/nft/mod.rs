@@ -38,7 +38,7 @@ use std::time::Instant;
 use serde_json::json;
 use serde_json::Value;
 
-use super::{ApplyStats, Datapath, DatapathError, ProxyMode, ServiceChange};
+use super::{ApplyStats, Datapath, DatapathConfig, DatapathError, Dump, ProxyMode, ServiceChange};
 use crate::model::claims::{Claims, Frontend, FrontendIp};
 use crate::model::{LocalState, ObjectKey, Protocol, ServiceEndpoints};
 use crate::net::Cidr;
@@ -545,6 +545,25 @@ impl Datapath for NftDatapath {
     ) -> Result<(), prometheus::Error> {
         self.metrics = Some(NftMetrics::register(registry)?);
         Ok(())
+    }
+
+    fn dump(_: &DatapathConfig) -> Result<Option<Dump>, DatapathError> {
+        if !is_programmed() {
+            return Ok(None);
+        }
+        Ok(Some(Dump::Nftables(dump_text()?)))
+    }
+
+    fn cleanup(_: &DatapathConfig) -> Result<Vec<String>, DatapathError> {
+        Ok(vec![match cleanup() {
+            Ok(removed) if removed.is_empty() => "nftables: no ebpf-kube-proxy table".to_owned(),
+            Ok(removed) => format!(
+                "nftables: removed table ebpf-kube-proxy ({})",
+                removed.join(", ")
+            ),
+            // No nf_tables in this kernel: nothing of ours can be there.
+            Err(e) => format!("nftables: skipped ({e})"),
+        }])
     }
 
     fn program_all(
