@@ -527,34 +527,19 @@ pub fn service_objects(se: &ServiceEndpoints, f: Family, cluster_cidrs: &[Cidr])
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::model::{EndpointConditions, EndpointHints, EndpointPort, IpSet};
+    use crate::model::IpSet;
 
     pub(in crate::datapath::nft) fn endpoint(ip: &str, internal: bool) -> LocalEndpoint {
-        LocalEndpoint {
-            ip: ip.parse().unwrap(),
-            hostname: String::new(),
-            node_name: "n1".into(),
-            zone: String::new(),
+        let scopes = EndpointScopes {
+            cluster: true,
             local: internal,
-            conditions: EndpointConditions {
-                ready: true,
-                serving: true,
-                terminating: false,
-            },
-            hints: EndpointHints::default(),
-            ports: vec![EndpointPort {
-                name: "http".into(),
-                protocol: Protocol::Tcp,
-                port: 8080,
-                scopes: EndpointScopes {
-                    cluster: true,
-                    local: internal,
-                    internal,
-                    external: true,
-                },
-            }],
-            target_ref: None,
-        }
+            internal,
+            external: true,
+        };
+        let mut ep = crate::model::testing::endpoint(ip, 8080, scopes);
+        ep.node_name = "n1".into();
+        ep.local = internal;
+        ep
     }
 
     pub(in crate::datapath::nft) fn web(
