@@ -330,7 +330,10 @@ pub async fn run(
     let dir = manifests.dir.clone();
     let (event_tx, mut event_rx) = mpsc::channel::<()>(1);
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok() {
+        // Writes, creates, removes and renames only: reading the files
+        // (ours included) raises open/close-nowrite events, and reacting to
+        // those re-read the directory forever, a core busy on an idle node.
+        if res.is_ok_and(|ev| !matches!(ev.kind, notify::EventKind::Access(_))) {
             // A full channel already means "re-read pending".
             let _ = event_tx.try_send(());
         }

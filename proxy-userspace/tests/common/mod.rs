@@ -97,6 +97,11 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     /// Starts the daemon on `files` (name, content) and waits until its
     /// unix socket accepts connections.
     pub fn start(files: &[(&str, &str)]) -> Daemon {
