@@ -161,7 +161,7 @@ mod tests {
 
     #[test]
     fn bad_enum_value_names_the_flag() {
-        let err = Cli::try_parse_from(["ebpf-kube-proxy", "--proxy-mode", "ipvs"]).unwrap_err();
+        let err = Cli::try_parse_from(["ebpf-kube-proxy", "--proxy-mode", "bogus"]).unwrap_err();
         assert!(err.to_string().contains("--proxy-mode"), "{err}");
     }
 

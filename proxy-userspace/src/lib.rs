@@ -17,6 +17,7 @@ pub mod gofmt;
 pub mod grpc_discovery;
 pub mod grpc_unix;
 pub mod localnet;
+pub mod logging;
 pub mod model;
 pub mod net;
 pub mod podinfo;

@@ -4,24 +4,17 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches};
 use ebpf_kube_proxy::cli::{Cli, Command, LocalnetCommand};
 use ebpf_kube_proxy::config::Config;
-use ebpf_kube_proxy::{commands, config_file, daemon, podinfo};
-use tracing_subscriber::EnvFilter;
+use ebpf_kube_proxy::{commands, config_file, daemon, logging, podinfo};
 
-fn init_logging(verbosity: u8) {
-    // klog-style levels: 0-2 info, 3-4 debug, 5+ trace; RUST_LOG wins.
-    let level = match verbosity {
-        0..=2 => "info",
-        3..=4 => "debug",
-        _ => "trace",
-    };
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("warn,ebpf_kube_proxy={level}")));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .init();
+/// The kube-proxy datapaths `--proxy-mode` accepts as `auto`.
+const REPLACED_MODES: &[&str] = &["iptables", "ipvs", "kernelspace"];
+
+/// Whether `e` is stdout closing under us (`dump | head`): not a failure.
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 fn main() -> std::process::ExitCode {
@@ -30,7 +23,18 @@ fn main() -> std::process::ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    init_logging(cli.daemon.verbosity);
+    logging::init(cli.daemon.verbosity, cli.daemon.logging_format);
+    if let Some(mode) = matches
+        .get_raw("proxy_mode")
+        .and_then(|mut v| v.next_back())
+        .and_then(|m| m.to_str())
+        .filter(|m| REPLACED_MODES.contains(m))
+    {
+        tracing::warn!(
+            mode,
+            "--proxy-mode names a kube-proxy datapath this proxy replaces; using auto"
+        );
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ebpf-kube-proxy")
@@ -73,6 +77,7 @@ fn main() -> std::process::ExitCode {
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE

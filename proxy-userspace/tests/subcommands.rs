@@ -102,3 +102,65 @@ fn cleanup_and_kube_proxys_cleanup_flag_take_the_daemon_flags_and_remove_stale_s
         assert!(t.contains("cleanup complete"), "{spelling}: {t}");
     }
 }
+
+/// kube-proxy's `--proxy-mode iptables|ipvs` is taken as `auto` with a
+/// warning, as the config file's `mode` is; `--logging-format json` writes
+/// one JSON object per line.
+#[test]
+fn kube_proxy_modes_are_auto_with_a_warning_in_json_logs() {
+    for mode in ["iptables", "ipvs"] {
+        let out = Command::new(BIN)
+            .args(["--logging-format", "json", "--proxy-mode", mode, "version"])
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let line = stderr
+            .lines()
+            .find(|l| l.contains("using auto"))
+            .unwrap_or_else(|| panic!("no warning in {stderr}"));
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON log line");
+        assert_eq!(v["level"], "warn", "{v}");
+        assert_eq!(v["mode"], mode, "{v}");
+        assert!(v["ts"].as_f64().unwrap() > 1.7e9, "{v}");
+        assert!(v["msg"].as_str().unwrap().contains("using auto"), "{v}");
+    }
+}
+
+/// `dump | head -1`: stdout closing early is not an error.
+#[test]
+fn dump_into_a_closed_pipe_exits_quietly() {
+    let files: Vec<(String, String)> = (0..2000)
+        .map(|i| {
+            let name = format!("svc-{i}");
+            let svc = common::service("default", &name, &format!("10.96.{}.{}", i / 250, i % 250));
+            (format!("{name}.yaml"), svc)
+        })
+        .collect();
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(n, c)| (n.as_str(), c.as_str()))
+        .collect();
+    let d = common::Daemon::start_in(common::manifests_dir(&refs), &[]);
+    let script = format!(
+        "set -o pipefail; \"{BIN}\" dump --bpffs-root /nonexistent --target unix:{} -o json | head -c 100 > /dev/null",
+        d.socket.display()
+    );
+    // Run where no nftables table of ours can exist when root.
+    // SAFETY: getuid has no preconditions.
+    let root = unsafe { libc::getuid() } == 0;
+    let mut cmd = if root {
+        let mut c = Command::new("unshare");
+        c.args(["--net", "--", "bash", "-c", &script]);
+        c
+    } else {
+        let mut c = Command::new("bash");
+        c.args(["-c", &script]);
+        c
+    };
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    assert!(!stderr.contains("error"), "{stderr}");
+}

@@ -9,6 +9,7 @@ use serde::Serializer;
 
 use crate::datapath::ProxyMode;
 use crate::flagz;
+use crate::logging::LoggingFormat;
 
 pub const DEFAULT_LOCALNET_BIND_ADDRESS: &str = "127.0.0.1:12345";
 pub const DEFAULT_LOCALNET_SOCKET: &str = "/run/ebpf-kube-proxy/localnet.sock";
@@ -141,6 +142,12 @@ pub struct DaemonFlags {
     /// the `cleanup` subcommand.
     #[arg(global = true, long)]
     pub cleanup: bool,
+
+    /// Log format: text, or json (one object per line: ts, level, msg,
+    /// fields).
+    #[arg(global = true, long, value_enum, default_value_t = LoggingFormat::Text)]
+    #[serde(serialize_with = "flagz::value_enum")]
+    pub logging_format: LoggingFormat,
 
     /// Log verbosity (0-10, as klog's -v).
     #[arg(

@@ -22,7 +22,10 @@ use crate::net::Cidr;
 /// Which datapath runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProxyMode {
-    /// eBPF, falling back to nftables when eBPF cannot load.
+    /// eBPF, falling back to nftables when eBPF cannot load. kube-proxy's
+    /// `iptables`, `ipvs` and `kernelspace` mean this too (with a warning):
+    /// this proxy replaces those datapaths.
+    #[value(alias = "iptables", alias = "ipvs", alias = "kernelspace")]
     Auto,
     Ebpf,
     Nftables,
