@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod cli;
 pub mod commands;
+pub mod compat;
 pub mod config;
 pub mod config_file;
 pub mod daemon;

@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches};
 use ebpf_kube_proxy::cli::{Cli, Command, LocalnetCommand};
 use ebpf_kube_proxy::config::Config;
-use ebpf_kube_proxy::{commands, config_file, daemon, logging, podinfo};
+use ebpf_kube_proxy::{commands, compat, config_file, daemon, logging, podinfo};
 
 /// The kube-proxy datapaths `--proxy-mode` accepts as `auto`.
 const REPLACED_MODES: &[&str] = &["iptables", "ipvs", "kernelspace"];
@@ -18,12 +18,16 @@ fn broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 fn main() -> std::process::ExitCode {
-    let matches = Cli::command().get_matches();
+    let (args, ignored) = compat::strip_ignored_flags(std::env::args_os().collect());
+    let matches = Cli::command().get_matches_from(args);
     let mut cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
     logging::init(cli.daemon.verbosity, cli.daemon.logging_format);
+    for flag in &ignored {
+        tracing::warn!(flag = %format!("--{flag}"), "kube-proxy flag with no meaning for this proxy; ignored");
+    }
     if let Some(mode) = matches
         .get_raw("proxy_mode")
         .and_then(|mut v| v.next_back())

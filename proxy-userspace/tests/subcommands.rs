@@ -164,3 +164,39 @@ fn dump_into_a_closed_pipe_exits_quietly() {
     assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
     assert!(!stderr.contains("error"), "{stderr}");
 }
+
+/// A kube-proxy DaemonSet's flags that mean nothing here are accepted,
+/// each with a one-line warning naming it.
+#[test]
+fn kube_proxy_only_flags_are_accepted_with_a_warning() {
+    let out = Command::new(BIN)
+        .args([
+            "--bind-address=0.0.0.0",
+            "--masquerade-all",
+            "--conntrack-max-per-core",
+            "0",
+            "--iptables-sync-period=30s",
+            "--ipvs-scheduler=rr",
+            "--feature-gates=SomeGate=true",
+            "--cluster-cidr=10.244.0.0/16",
+            "version",
+        ])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for flag in [
+        "--bind-address",
+        "--masquerade-all",
+        "--conntrack-max-per-core",
+        "--iptables-sync-period",
+        "--ipvs-scheduler",
+        "--feature-gates",
+    ] {
+        assert!(
+            t.lines().any(|l| l.contains(flag) && l.contains("ignored")),
+            "{flag}: {t}"
+        );
+    }
+}
