@@ -226,6 +226,40 @@ pub fn merge(
     Ok(())
 }
 
+/// The effective configuration as a KubeProxyConfiguration: the fields
+/// [`merge`] reads, so that `--write-config-to` output loads back through
+/// `--config` to the same flags.
+pub fn effective(flags: &DaemonFlags) -> Value {
+    let cidrs: Vec<&str> = flags
+        .nodeport_addresses
+        .split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "clientConnection": {"kubeconfig": flags.kubeconfig},
+        "clusterCIDR": flags.cluster_cidr,
+        "healthzBindAddress": flags.healthz_bind_address,
+        "hostnameOverride": flags.hostname_override,
+        "metricsBindAddress": flags.metrics_bind_address,
+        "mode": flags.proxy_mode.as_str(),
+        "nodePortAddresses": cidrs,
+        "syncPeriod": flags.sync_period,
+    })
+}
+
+/// `--write-config-to FILE`: writes [`effective`] as YAML.
+pub fn write(flags: &DaemonFlags, path: &Path) -> Result<(), ConfigFileError> {
+    let err = |reason: String| ConfigFileError::Read {
+        file: path.display().to_string(),
+        reason,
+    };
+    let yaml = serde_yaml::to_string(&effective(flags)).map_err(|e| err(e.to_string()))?;
+    std::fs::write(path, yaml).map_err(|e| err(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -250,6 +250,15 @@ fn flatten(r: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow::Res
     r.map_err(anyhow::Error::from).and_then(|r| r)
 }
 
+/// `--init-only`: prepares the node for the datapath `--proxy-mode` picks
+/// (bpffs mounted, programs loaded, attached and pinned; or nf_tables
+/// checked) and returns which one, without programming any state. Pinned
+/// links keep the programs in place for the daemon that follows.
+pub fn prepare(config: &Config) -> anyhow::Result<DatapathChoice> {
+    let (_datapath, choice) = select_datapath(config)?;
+    Ok(choice)
+}
+
 /// The datapath and why it was chosen (`auto` falls back to `none` with
 /// the reason in `DatapathChoice::fallback_reason`).
 fn select_datapath(config: &Config) -> anyhow::Result<(Box<dyn Datapath>, DatapathChoice)> {

@@ -55,8 +55,23 @@ fn main() -> std::process::ExitCode {
         let from_command_line =
             |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
         config_file::merge(&mut cli.daemon, from_command_line)?;
+        if !cli.daemon.write_config_to.is_empty() {
+            let path = std::path::Path::new(&cli.daemon.write_config_to);
+            config_file::write(&cli.daemon, path)?;
+            println!("wrote the configuration to {}", path.display());
+            return Ok(());
+        }
         match cli.command {
             None if cli.daemon.cleanup => commands::cleanup(&cli.daemon).await,
+            None if cli.daemon.init_only => {
+                let config = Config::from_flags(&cli.daemon).context("invalid configuration")?;
+                let choice = daemon::prepare(&config)?;
+                println!("node prepared for the {} datapath", choice.mode);
+                if let Some(reason) = choice.fallback_reason {
+                    println!("({reason})");
+                }
+                Ok(())
+            }
             None => {
                 let config = Config::from_flags(&cli.daemon).context("invalid configuration")?;
                 let podinfo_limit = podinfo::RateLimit {

@@ -200,3 +200,73 @@ fn kube_proxy_only_flags_are_accepted_with_a_warning() {
         );
     }
 }
+
+/// `--write-config-to` writes the effective KubeProxyConfiguration, and it
+/// loads back through `--config` to the same configuration.
+#[test]
+fn write_config_to_round_trips_through_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("first.yaml");
+    let second = dir.path().join("second.yaml");
+    let out = Command::new(BIN)
+        .args([
+            "--proxy-mode=nftables",
+            "--hostname-override=node-7",
+            "--sync-period=45s",
+            "--nodeport-addresses=10.0.0.0/8,fd00::/64",
+            "--cluster-cidr=10.244.0.0/16",
+        ])
+        .arg(format!("--write-config-to={}", first.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let written = std::fs::read_to_string(&first).unwrap();
+    for expected in [
+        "kind: KubeProxyConfiguration",
+        "mode: nftables",
+        "hostnameOverride: node-7",
+        "syncPeriod: 45s",
+        "- 10.0.0.0/8",
+        "clusterCIDR: 10.244.0.0/16",
+    ] {
+        assert!(written.contains(expected), "{expected} missing:\n{written}");
+    }
+    let out = Command::new(BIN)
+        .arg(format!("--config={}", first.display()))
+        .arg(format!("--write-config-to={}", second.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read_to_string(&second).unwrap(), written);
+}
+
+/// `--init-only` prepares the node for the datapath and exits (here
+/// nftables, in a private network namespace).
+#[test]
+fn init_only_prepares_the_datapath_and_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("m");
+    std::fs::create_dir(&manifests).unwrap();
+    std::fs::write(
+        manifests.join("s.yaml"),
+        common::service("default", "a", "10.96.0.1"),
+    )
+    .unwrap();
+    let flags = [
+        "--init-only".to_owned(),
+        "--proxy-mode=nftables".to_owned(),
+        "--source=file".to_owned(),
+        format!("--manifests={}", manifests.display()),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let out = run(&flags);
+    let t = text(&out);
+    // Without root there is no nf_tables to check: the error names it.
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        assert!(!out.status.success() && t.contains("nftables"), "{t}");
+        return;
+    }
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("node prepared for the nftables datapath"), "{t}");
+}

@@ -143,6 +143,16 @@ pub struct DaemonFlags {
     #[arg(global = true, long)]
     pub cleanup: bool,
 
+    /// Prepare the node (mount bpffs, load, attach and pin the eBPF
+    /// programs, or check nf_tables for the fallback) and exit.
+    #[arg(global = true, long)]
+    pub init_only: bool,
+
+    /// Write the effective configuration (flags over --config) to FILE as
+    /// a KubeProxyConfiguration, and exit.
+    #[arg(global = true, long, value_name = "FILE", default_value = "")]
+    pub write_config_to: String,
+
     /// Log format: text, or json (one object per line: ts, level, msg,
     /// fields).
     #[arg(global = true, long, value_enum, default_value_t = LoggingFormat::Text)]
