@@ -214,8 +214,9 @@ fn parse_flagz(body: &str) -> Vec<(String, String)> {
     let lines: Vec<&str> = lines.split('\n').collect();
     let names = daemon_flag_names();
     assert_eq!(lines.len(), names.len(), "one line per flag:\n{body}");
-    // `v` is last in byte order and its value is a number: it fixes D.
-    let v_line = lines.last().unwrap();
+    // `v`'s value is a number: its line fixes D.
+    let v_at = names.iter().position(|n| n == "v").expect("the v flag");
+    let v_line = lines[v_at];
     let delimiter = DELIMITERS
         .into_iter()
         .find(|d| {
