@@ -199,9 +199,11 @@ fn service_and_endpoint_slice_changes_are_counted_and_the_sync_time_advances() {
         &d.manifest("b.yaml"),
         &service("default", "api", "10.96.0.11"),
     );
-    let (s1, e1, t1) = wait_for("a Service change", Duration::from_secs(5), || {
+    // Changes are counted when queued, the sync time when the datapath has
+    // applied them a moment later: wait for both.
+    let (s1, e1, t1) = wait_for("a Service change, synced", Duration::from_secs(5), || {
         let now = read();
-        (now.0 > services).then_some(now)
+        (now.0 > services && now.2 > synced_at).then_some(now)
     });
     assert_eq!(s1, services + 1.0, "one Service added");
     assert_eq!(e1, slices, "no EndpointSlice changed");
@@ -215,10 +217,14 @@ fn service_and_endpoint_slice_changes_are_counted_and_the_sync_time_advances() {
             slice("prod", "web", &["10.244.2.1", "10.244.2.2", "10.244.2.3"])
         ),
     );
-    let (s2, e2, t2) = wait_for("an EndpointSlice change", Duration::from_secs(5), || {
-        let now = read();
-        (now.1 > e1).then_some(now)
-    });
+    let (s2, e2, t2) = wait_for(
+        "an EndpointSlice change, synced",
+        Duration::from_secs(5),
+        || {
+            let now = read();
+            (now.1 > e1 && now.2 > t1).then_some(now)
+        },
+    );
     assert_eq!(e2, e1 + 1.0, "one EndpointSlice edited");
     assert_eq!(s2, s1, "the unchanged Service is not counted");
     assert!(t2 > t1);
