@@ -12,7 +12,7 @@ use crate::podinfo::client::PodInfoCommand;
 #[derive(Debug, Parser)]
 #[command(
     name = "ebpf-kube-proxy",
-    version,
+    version = crate::commands::VERSION,
     about = "A kube-proxy replacement: node-local service state, an eBPF datapath, the localnet API",
     // A repeated flag: the last value wins, as with kube-proxy's flags.
     args_override_self = true

@@ -14,14 +14,20 @@ use crate::datapath::{Datapath, DatapathConfig, Dump};
 use crate::localnet::client::{self, State};
 use crate::localnet::render::{render, OutputFormat};
 
-/// Version line: crate version, git commit and compiler.
+/// The version: crate version, git commit and compiler; `--version` and
+/// `version` print it alike.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("EKP_GIT_COMMIT"),
+    ", ",
+    env!("EKP_RUSTC_VERSION"),
+    ")"
+);
+
+/// Version line: `ebpf-kube-proxy` and [`VERSION`].
 pub fn version_line() -> String {
-    format!(
-        "ebpf-kube-proxy {} (git {}, {})",
-        env!("CARGO_PKG_VERSION"),
-        env!("EKP_GIT_COMMIT"),
-        env!("EKP_RUSTC_VERSION")
-    )
+    format!("ebpf-kube-proxy {VERSION}")
 }
 
 fn print(state: &State, args: &ClientArgs) -> anyhow::Result<()> {

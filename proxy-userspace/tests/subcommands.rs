@@ -270,3 +270,17 @@ fn init_only_prepares_the_datapath_and_exits() {
     assert!(out.status.success(), "{t}");
     assert!(t.contains("node prepared for the nftables datapath"), "{t}");
 }
+
+/// `--version` and `version` print the same line.
+#[test]
+fn version_flag_and_subcommand_agree() {
+    let flag = Command::new(BIN).arg("--version").output().unwrap();
+    let sub = Command::new(BIN).arg("version").output().unwrap();
+    assert!(flag.status.success() && sub.status.success());
+    let line = String::from_utf8_lossy(&sub.stdout);
+    assert!(
+        line.starts_with("ebpf-kube-proxy ") && line.contains("(git "),
+        "{line}"
+    );
+    assert_eq!(String::from_utf8_lossy(&flag.stdout), line);
+}
