@@ -195,6 +195,18 @@ impl PodInfoApi {
             pod_namespace,
             pod_name,
         } = request;
+        // A name no Kubernetes object can have is a bad request, not an
+        // unknown pod.
+        if !pod_namespace.is_empty() && !is_dns1123_label(&pod_namespace) {
+            return Err(Status::invalid_argument(format!(
+                "pod_namespace {pod_namespace:?} is not a valid namespace (a DNS-1123 label)"
+            )));
+        }
+        if !pod_name.is_empty() && !is_dns1123_subdomain(&pod_name) {
+            return Err(Status::invalid_argument(format!(
+                "pod_name {pod_name:?} is not a valid pod name (a DNS-1123 subdomain)"
+            )));
+        }
         let pod = if !pod_uid.is_empty() {
             let pod = list.by_uid(&pod_uid).ok_or_else(|| {
                 Status::not_found(format!("no pod with uid {pod_uid} on this node"))
@@ -302,6 +314,24 @@ impl Drop for WatchStream {
     fn drop(&mut self) {
         self.metrics.watch_closed();
     }
+}
+
+/// Kubernetes' DNS-1123 label: at most 63 of `a-z`, `0-9` and `-`,
+/// starting and ending with a letter or digit (namespace names).
+fn is_dns1123_label(s: &str) -> bool {
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && alnum(b[0])
+        && alnum(b[b.len() - 1])
+        && b.iter().all(|&c| alnum(c) || c == b'-')
+}
+
+/// Kubernetes' DNS-1123 subdomain: at most 253 characters of dot-separated
+/// DNS-1123 labels (pod names).
+fn is_dns1123_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
 
 /// The caller, as the connection layer recorded it.
@@ -525,6 +555,22 @@ mod tests {
         assert_eq!(err.code(), Code::NotFound, "{err}");
         let err = c.get_pod_conditions(get("", "a", "")).await.unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+        // Names no Kubernetes object can have: a bad request, not unknown.
+        for (ns, name) in [
+            ("A", "p"),
+            ("a", "P_q"),
+            ("a", "-p"),
+            ("a", &"x".repeat(254)),
+        ] {
+            let err = c.get_pod_conditions(get("", ns, name)).await.unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument, "{ns}/{name}: {err}");
+        }
+        // A valid name that no pod has is unknown.
+        let err = c
+            .get_pod_conditions(get("", "a", "web-0.x"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::NotFound, "{err}");
         r.shutdown.cancel();
         r.server.await.unwrap().unwrap();
     }
