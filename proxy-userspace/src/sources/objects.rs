@@ -188,6 +188,21 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
             "at most one address per IP family",
         ));
     }
+    // As the API server checks: clusterIPs[i] is of family ipFamilies[i].
+    for (i, family) in spec.ip_families.iter().flatten().enumerate() {
+        let field = format!("spec.ipFamilies[{i}]");
+        let v4 = match family.as_str() {
+            "IPv4" => true,
+            "IPv6" => false,
+            other => return Err(invalid(field, format!("{other:?} is not IPv4 or IPv6"))),
+        };
+        if let Some(ip) = cluster_ips.get(i).filter(|ip| ip.is_ipv4() != v4) {
+            return Err(invalid(
+                format!("spec.clusterIPs[{i}]"),
+                format!("{ip} is not of family {family} (spec.ipFamilies[{i}])"),
+            ));
+        }
+    }
 
     let mut ports = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
@@ -506,6 +521,32 @@ mod tests {
             Decoded::Object(o) => Ok(*o),
             Decoded::Ignored { kind, .. } => panic!("ignored {kind}"),
         }
+    }
+
+    #[test]
+    fn a_cluster_ip_of_the_wrong_family_for_ip_families_is_rejected() {
+        let svc = |ips: serde_json::Value, families: serde_json::Value| {
+            serde_json::from_value::<core::Service>(json!({
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {"clusterIPs": ips, "ipFamilies": families, "ports": [{"port": 80}]}
+            }))
+            .unwrap()
+        };
+        let err = service(svc(json!(["fd00::1"]), json!(["IPv4"]))).unwrap_err();
+        assert_eq!(err.field, "spec.clusterIPs[0]", "{err}");
+        let err = service(svc(
+            json!(["10.96.0.1", "10.96.0.2"]),
+            json!(["IPv4", "IPv6"]),
+        ));
+        assert!(err.is_err());
+        let err = service(svc(json!(["10.96.0.1"]), json!(["IPv5"]))).unwrap_err();
+        assert_eq!(err.field, "spec.ipFamilies[0]", "{err}");
+        let ok = service(svc(
+            json!(["10.96.0.1", "fd00::1"]),
+            json!(["IPv4", "IPv6"]),
+        ))
+        .unwrap();
+        assert_eq!(ok.cluster_ips.len(), 2);
     }
 
     #[test]
