@@ -16,29 +16,7 @@ use tonic::transport::Channel;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_ebpf-kube-proxy");
 
-/// A free loopback port for a daemon to listen on. Taken below the
-/// kernel's ephemeral range, so that the many client connections of a test
-/// run (whose local ports come from that range) cannot grab it between
-/// this check and the daemon's bind.
-pub fn free_port() -> SocketAddr {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let ephemeral_low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next().and_then(|p| p.parse().ok()))
-        .unwrap_or(32768);
-    let (low, high) = (10_000u32, ephemeral_low.max(10_100));
-    let span = high - low;
-    let start = std::process::id().wrapping_mul(7919) % span;
-    for _ in 0..span {
-        let port = low + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
-        if let Ok(l) = TcpListener::bind(("127.0.0.1", port as u16)) {
-            return l.local_addr().unwrap();
-        }
-    }
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
+pub use test_support::free_port;
 
 /// A Service manifest with one TCP port `http` 80 → 8080.
 pub fn service(ns: &str, name: &str, cluster_ip: &str) -> String {

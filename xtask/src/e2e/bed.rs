@@ -93,9 +93,10 @@ fn ip(args: &[&str]) -> Result<()> {
     run(Command::new("ip").args(args))
 }
 
+/// A free port below the ephemeral range (see [`test_support::free_port`]):
+/// the clients' source ports cannot take it before the daemon binds it.
 fn free_port() -> Result<SocketAddr> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?)
+    Ok(test_support::free_port())
 }
 
 /// The pods' netexec servers and the clients are this binary; run them
