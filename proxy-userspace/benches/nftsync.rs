@@ -85,7 +85,7 @@ fn full_text(state: &LocalState) -> String {
     let objs: Vec<_> = state
         .services
         .iter()
-        .map(|se| rules::service_objects(se, f, &[]))
+        .map(|se| rules::service_objects(se, f, &[], false))
         .collect();
     for o in &objs {
         for name in o.chains.keys() {
@@ -126,7 +126,7 @@ fn full_text(state: &LocalState) -> String {
 /// One service's chains rewritten, as `nft -f` commands.
 fn change_text(state: &LocalState, index: usize) -> String {
     let f = Family::V4;
-    let o = rules::service_objects(&state.services[index], f, &[]);
+    let o = rules::service_objects(&state.services[index], f, &[], false);
     let mut out = Vec::new();
     for (name, rs) in &o.chains {
         out.push(format!("flush chain ip {TABLE} {name}"));

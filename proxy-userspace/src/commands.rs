@@ -92,7 +92,7 @@ pub async fn dump(args: DumpArgs, flags: &DaemonFlags) -> anyhow::Result<()> {
             }
             (Dump::Ebpf(maps), OutputFormat::Yaml) => format!(
                 "---\n{}",
-                serde_yaml::to_string(&maps).context("encoding the dump")?
+                crate::yaml::to_string(&maps).context("encoding the dump")?
             ),
             (Dump::Nftables(text), _) => text,
         };
@@ -176,6 +176,7 @@ fn datapath_config(flags: &DaemonFlags) -> DatapathConfig {
         bpffs_root: flags.bpffs_root.clone(),
         cgroup_path: (!cgroup.is_empty()).then(|| cgroup.into()),
         cluster_cidrs: Vec::new(),
+        masquerade_all: false,
         nodeport_addresses: Vec::new(),
     }
 }

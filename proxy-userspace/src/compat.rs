@@ -8,7 +8,6 @@ use std::ffi::OsString;
 
 /// Flags of kube-proxy that take a value (`--flag=V` or `--flag V`).
 const WITH_VALUE: &[&str] = &[
-    "bind-address",
     "config-sync-period",
     "conntrack-max-per-core",
     "conntrack-min",
@@ -45,7 +44,6 @@ const SWITCHES: &[&str] = &[
     "conntrack-tcp-be-liberal",
     "iptables-localhost-nodeports",
     "ipvs-strict-arp",
-    "masquerade-all",
     "profiling",
 ];
 
@@ -115,6 +113,9 @@ mod tests {
             [
                 "ebpf-kube-proxy",
                 "--config=/var/lib/kube-proxy/config.conf",
+                "--bind-address",
+                "0.0.0.0",
+                "--masquerade-all",
                 "--hostname-override=node-1",
                 "--v=2"
             ]
@@ -122,8 +123,6 @@ mod tests {
         assert_eq!(
             ignored,
             [
-                "bind-address",
-                "masquerade-all",
                 "conntrack-max-per-core",
                 "iptables-sync-period",
                 "ipvs-strict-arp",
@@ -134,8 +133,8 @@ mod tests {
 
     #[test]
     fn nothing_after_a_double_dash_is_touched() {
-        let (kept, ignored) = strip(&["x", "--", "--masquerade-all"]);
-        assert_eq!(kept, ["x", "--", "--masquerade-all"]);
+        let (kept, ignored) = strip(&["x", "--", "--profiling"]);
+        assert_eq!(kept, ["x", "--", "--profiling"]);
         assert!(ignored.is_empty());
     }
 }

@@ -36,6 +36,7 @@ const USED: &[&str] = &[
     "apiVersion",
     "kind",
     "bindAddress",
+    "masqueradeAll",
     "healthzBindAddress",
     "metricsBindAddress",
     "clusterCIDR",
@@ -82,7 +83,7 @@ pub fn merge(
         file: file.clone(),
         reason: e.to_string(),
     })?;
-    let doc: Value = serde_yaml::from_str(&text).map_err(|e| ConfigFileError::Read {
+    let doc: Value = crate::yaml::from_str(&text).map_err(|e| ConfigFileError::Read {
         file: file.clone(),
         reason: e.to_string(),
     })?;
@@ -123,6 +124,23 @@ pub fn merge(
         if !addr.is_empty() {
             addr.parse::<IpAddr>()
                 .map_err(|_| field_err("bindAddress", format!("{addr:?} is not an IP address")))?;
+            if !from_command_line("bind_address") {
+                flags.bind_address = addr;
+            }
+        }
+    }
+    match map.get("masqueradeAll") {
+        None | Some(Value::Null) => {}
+        Some(Value::Bool(all)) => {
+            if !from_command_line("masquerade_all") {
+                flags.masquerade_all = *all;
+            }
+        }
+        Some(other) => {
+            return Err(field_err(
+                "masqueradeAll",
+                format!("must be true or false, got {other}"),
+            ))
         }
     }
     for (field, id) in [
@@ -183,11 +201,9 @@ pub fn merge(
                 let s = item
                     .as_str()
                     .ok_or_else(|| field_err(&field, "must be a string".to_owned()))?;
-                if s == "primary" {
-                    tracing::warn!(file = %file, "nodePortAddresses \"primary\" is not supported; NodePorts use all node addresses");
-                    continue;
+                if s != "primary" {
+                    parse_cidr_list(s).map_err(|r| field_err(&field, r))?;
                 }
-                parse_cidr_list(s).map_err(|r| field_err(&field, r))?;
                 cidrs.push(s.to_owned());
             }
             if !from_command_line("nodeport_addresses") {
@@ -239,6 +255,8 @@ pub fn effective(flags: &DaemonFlags) -> Value {
     serde_json::json!({
         "apiVersion": API_VERSION,
         "kind": KIND,
+        "bindAddress": flags.bind_address,
+        "masqueradeAll": flags.masquerade_all,
         "clientConnection": {"kubeconfig": flags.kubeconfig},
         "clusterCIDR": flags.cluster_cidr,
         "healthzBindAddress": flags.healthz_bind_address,
@@ -256,7 +274,7 @@ pub fn write(flags: &DaemonFlags, path: &Path) -> Result<(), ConfigFileError> {
         file: path.display().to_string(),
         reason,
     };
-    let yaml = serde_yaml::to_string(&effective(flags)).map_err(|e| err(e.to_string()))?;
+    let yaml = crate::yaml::to_string(&effective(flags)).map_err(|e| err(e.to_string()))?;
     std::fs::write(path, yaml).map_err(|e| err(e.to_string()))
 }
 

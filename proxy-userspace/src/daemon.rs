@@ -8,7 +8,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, SourceConfig};
-use crate::datapath::{Datapath, DatapathChoice, DatapathConfig};
+use crate::datapath::{Datapath, DatapathChoice, DatapathConfig, ProxyMode};
 use crate::localnet::server::{new_instance_id, Listeners, LocalnetService};
 use crate::model::{IpFamily, NodeContext};
 use crate::podinfo::{PodInfoApi, PodInfoError, PodInfoListener, PodInfoMetrics, RateLimit};
@@ -267,7 +267,13 @@ fn select_datapath(config: &Config) -> anyhow::Result<(Box<dyn Datapath>, Datapa
         bpffs_root: config.bpffs_root.clone(),
         cgroup_path: config.cgroup_path.clone(),
         cluster_cidrs: config.cluster_cidrs.clone(),
+        masquerade_all: config.masquerade_all,
         nodeport_addresses: config.nodeport_addresses.clone(),
     })
     .with_context(|| format!("--proxy-mode {}", config.proxy_mode))
+    .inspect(|(_, choice)| {
+        if config.masquerade_all && choice.mode == ProxyMode::Ebpf {
+            tracing::warn!("--masquerade-all has no effect on the eBPF datapath: socket-LB picks the backend at connect() and translates no packet");
+        }
+    })
 }

@@ -5,35 +5,34 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 
 /// Go's zero `time.Time` in RFC 3339 (what upstream shows for "never").
 pub const ZERO_TIME_RFC3339: &str = "0001-01-01T00:00:00Z";
 
-fn utc(t: SystemTime) -> DateTime<Utc> {
+fn utc(t: SystemTime) -> Timestamp {
     // Times before 1970 do not occur here (process start, apply times);
     // clamp rather than fail.
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
-    DateTime::from_timestamp(secs, d.subsec_nanos()).unwrap_or_default()
+    let t = t.max(UNIX_EPOCH);
+    Timestamp::try_from(t).unwrap_or(Timestamp::MAX)
 }
 
 /// Go `time.UnixDate` in UTC: `Fri Sep  6 06:19:51 UTC 2024` (day padded
 /// with a space).
 pub fn go_unix_date(t: SystemTime) -> String {
-    utc(t).format("%a %b %e %H:%M:%S UTC %Y").to_string()
+    utc(t).strftime("%a %b %e %H:%M:%S UTC %Y").to_string()
 }
 
 /// RFC 3339 with seconds precision in UTC (`metav1.Time`).
 pub fn rfc3339_seconds(t: SystemTime) -> String {
-    utc(t).format("%Y-%m-%dT%H:%M:%SZ").to_string()
+    utc(t).strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 /// Go `time.RFC3339Nano` in UTC: nanoseconds with trailing zeros trimmed,
 /// no fraction at all when it is zero.
 pub fn rfc3339_nanos(t: SystemTime) -> String {
     let dt = utc(t);
-    let mut out = dt.format("%Y-%m-%dT%H:%M:%S").to_string();
+    let mut out = dt.strftime("%Y-%m-%dT%H:%M:%S").to_string();
     let nanos = t
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()

@@ -26,3 +26,4 @@ pub mod snapshot;
 pub mod sources;
 pub mod status;
 pub mod sync;
+pub mod yaml;

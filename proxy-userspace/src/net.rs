@@ -12,6 +12,12 @@ pub struct Cidr {
 }
 
 impl Cidr {
+    /// The prefix holding exactly `addr` (/32 or /128).
+    pub fn host(addr: IpAddr) -> Cidr {
+        let prefix_len = if addr.is_ipv4() { 32 } else { 128 };
+        Cidr { addr, prefix_len }
+    }
+
     pub fn contains(&self, ip: &IpAddr) -> bool {
         match (self.addr, ip) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {

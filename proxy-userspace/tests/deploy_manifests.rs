@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use serde::Deserialize;
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
@@ -16,12 +15,7 @@ fn deploy_dir() -> PathBuf {
 
 fn documents(path: &Path) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| {
-            serde_json::Value::deserialize(d).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        })
-        .filter(|v| !v.is_null())
-        .collect()
+    ebpf_kube_proxy::yaml::documents(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn roundtrip<T: serde::de::DeserializeOwned + serde::Serialize>(
@@ -72,7 +66,7 @@ fn every_deploy_manifest_is_a_valid_object() {
 fn the_daemonset_runs_like_kube_proxy() {
     let doc = &documents(&deploy_dir().join("daemonset.yaml"))[0];
     let ds: DaemonSet = serde_json::from_value(doc.clone()).unwrap();
-    let pod = ds.spec.unwrap().template.spec.unwrap();
+    let pod = ds.spec.template.spec.unwrap();
     assert_eq!(pod.host_network, Some(true));
     assert_eq!(
         pod.priority_class_name.as_deref(),

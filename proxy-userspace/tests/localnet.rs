@@ -420,7 +420,7 @@ async fn localnet_watch_once_prints_the_state_in_every_format() {
     let yaml = run(&[
         "localnet", "watch", "--once", "--target", &target, "-o", "yaml",
     ]);
-    let y: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+    let y: serde_json::Value = ebpf_kube_proxy::yaml::from_str(&yaml).unwrap();
     assert_eq!(y, v);
 
     let dump = run(&["dump", "--target", &target]);

@@ -233,7 +233,7 @@ fn the_kernel_holds_the_rules_we_wrote() {
                     .push(rule.text(f));
             }
             for se in &state.services {
-                for (chain, rs) in rules::service_objects(se, f, &cidrs).chains {
+                for (chain, rs) in rules::service_objects(se, f, &cidrs, false).chains {
                     expected.insert(chain, rs.iter().map(|r| r.text(f)).collect());
                 }
             }

@@ -260,9 +260,9 @@ fn a_slice_with_a_trigger_time_gives_one_network_programming_sample() {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    let trigger = chrono::DateTime::from_timestamp(i64::try_from(now).unwrap(), 0)
+    let trigger = jiff::Timestamp::from_second(i64::try_from(now).unwrap())
         .unwrap()
-        .format("%Y-%m-%dT%H:%M:%SZ");
+        .strftime("%Y-%m-%dT%H:%M:%SZ");
     write_atomic(
         &d.manifest("c.yaml"),
         &format!(

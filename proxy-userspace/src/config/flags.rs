@@ -132,10 +132,32 @@ pub struct DaemonFlags {
     pub sync_period: String,
 
     /// CIDRs of node addresses that accept NodePort traffic, comma
-    /// separated; empty = all.
+    /// separated; `primary` = the node's primary IPs (kube-proxy's nftables
+    /// default); empty = all.
     #[arg(global = true, long, value_name = "CIDRS", default_value = "")]
     #[serde(serialize_with = "flagz::list")]
     pub nodeport_addresses: String,
+
+    /// The node's IP, as kube-proxy's flag: a specific address is the
+    /// node's primary IP for `--nodeport-addresses primary`; 0.0.0.0 or ::
+    /// means "find it" (the address the node routes from).
+    #[arg(global = true, long, value_name = "IP", default_value = "0.0.0.0")]
+    pub bind_address: String,
+
+    /// Masquerade (SNAT to the node's address) every connection to a
+    /// ClusterIP, not only those from outside --cluster-cidr. Applies to
+    /// the nftables datapath; eBPF socket-LB translates no packet.
+    #[arg(
+        global = true,
+        long,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub masquerade_all: bool,
 
     /// Remove what any datapath left on the node (eBPF links and pins, the
     /// nftables tables, stale sockets) and exit: kube-proxy's spelling of

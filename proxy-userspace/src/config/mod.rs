@@ -1,7 +1,7 @@
 //! The daemon's configuration: flags checked once, at start, into typed
 //! values. Every error names the flag and the offending value.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -58,6 +58,8 @@ pub struct Config {
     pub cgroup_path: Option<PathBuf>,
     pub sync_period: Duration,
     pub nodeport_addresses: Vec<Cidr>,
+    /// `--masquerade-all` (nftables).
+    pub masquerade_all: bool,
     pub verbosity: u8,
     /// Every flag with its effective value as `/flagz` shows it (sensitive
     /// values already redacted).
@@ -109,27 +111,30 @@ impl Config {
         };
         let cluster_cidrs = parse_cidr_list(&f.cluster_cidr)
             .map_err(|r| err("cluster-cidr", &f.cluster_cidr, r))?;
-        // kube-proxy also takes `primary` (the node's primary IPs). That
-        // narrowing is not built: node ports then answer on every local
-        // address, as with an empty list, rather than failing a
-        // configuration written for kube-proxy.
+        let bind_address: IpAddr = f
+            .bind_address
+            .trim()
+            .parse()
+            .map_err(|_| err("bind-address", &f.bind_address, "not an IP address"))?;
+        // kube-proxy's `primary`: the node's primary IPs, one per family.
         let (primary, cidrs): (Vec<&str>, Vec<&str>) = f
             .nodeport_addresses
             .split(',')
             .map(str::trim)
             .filter(|p| !p.is_empty())
             .partition(|p| *p == "primary");
+        let mut nodeport_addresses = parse_cidr_list(&cidrs.join(","))
+            .map_err(|r| err("nodeport-addresses", &f.nodeport_addresses, r))?;
         if !primary.is_empty() {
-            tracing::warn!(
-                "--nodeport-addresses primary is not supported; node ports answer on every local address"
-            );
+            let ips = primary_ips(bind_address);
+            if ips.is_empty() {
+                tracing::warn!("--nodeport-addresses primary: this node has no route to find its primary IP by, and --bind-address is not set to one; node ports answer on every local address");
+                nodeport_addresses.clear();
+            } else {
+                tracing::info!(ips = ?ips, "--nodeport-addresses primary: node ports answer on the node's primary IPs");
+                nodeport_addresses.extend(ips.into_iter().map(Cidr::host));
+            }
         }
-        let nodeport_addresses = if primary.is_empty() {
-            parse_cidr_list(&cidrs.join(","))
-                .map_err(|r| err("nodeport-addresses", &f.nodeport_addresses, r))?
-        } else {
-            Vec::new()
-        };
         let proxy_mode = f.proxy_mode;
         let source = match f.source {
             SourceKind::File => match &f.manifests {
@@ -176,10 +181,38 @@ impl Config {
             cgroup_path: optional_path(&f.cgroup_path),
             sync_period,
             nodeport_addresses,
+            masquerade_all: f.masquerade_all,
             verbosity: f.verbosity,
             flags: f.clone(),
         })
     }
+}
+
+/// The node's primary IPs (kube-proxy's `primary`): `bind` when it is a
+/// specific address; else, per family, the source address the kernel
+/// picks for a route off the node (a connected UDP socket: nothing is
+/// sent). A family without such a route has none.
+fn primary_ips(bind: IpAddr) -> Vec<IpAddr> {
+    if !bind.is_unspecified() {
+        return vec![bind];
+    }
+    // Documentation addresses (RFC 5737, RFC 3849): only the route
+    // lookup matters, no packet leaves.
+    ["192.0.2.1:9", "[2001:db8::1]:9"]
+        .iter()
+        .filter_map(|probe| {
+            let probe: SocketAddr = probe.parse().ok()?;
+            let local = if probe.is_ipv4() {
+                "0.0.0.0:0"
+            } else {
+                "[::]:0"
+            };
+            let sock = std::net::UdpSocket::bind(local).ok()?;
+            sock.connect(probe).ok()?;
+            Some(sock.local_addr().ok()?.ip())
+        })
+        .filter(|ip| !ip.is_unspecified() && !ip.is_loopback())
+        .collect()
 }
 
 #[cfg(test)]
@@ -224,8 +257,17 @@ mod tests {
                 "fd00::/64".parse().unwrap()
             ]
         );
-        let c = parse(&[&file[..], &["--nodeport-addresses", "primary"]].concat()).unwrap();
-        assert!(c.nodeport_addresses.is_empty());
+        let c = parse(
+            &[
+                &file[..],
+                &["--bind-address=10.1.2.3", "--nodeport-addresses", "primary"],
+            ]
+            .concat(),
+        )
+        .unwrap();
+        assert_eq!(c.nodeport_addresses, vec!["10.1.2.3/32".parse().unwrap()]);
+        let e = parse(&[&file[..], &["--bind-address=node-1"]].concat()).unwrap_err();
+        assert!(e.to_string().contains("bind-address"), "{e}");
         let e = parse(&[&file[..], &["--nodeport-addresses", "10.0.0.0/33"]].concat())
             .unwrap_err()
             .to_string();

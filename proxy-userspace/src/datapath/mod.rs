@@ -148,6 +148,10 @@ pub struct DatapathConfig {
     /// `--cluster-cidr`: nftables masquerades traffic to services from
     /// outside these.
     pub cluster_cidrs: Vec<Cidr>,
+    /// `--masquerade-all`: nftables masquerades every connection to a
+    /// ClusterIP. eBPF socket-LB rewrites the destination at connect() and
+    /// translates no packet, so there is nothing to masquerade.
+    pub masquerade_all: bool,
     /// `--nodeport-addresses`: node ports answer only on local addresses
     /// inside these (empty: every local address).
     pub nodeport_addresses: Vec<Cidr>,
@@ -192,6 +196,7 @@ pub fn select(
                 Err(e) => {
                     tracing::warn!(reason = %e, class = e.class(), "proxy-mode auto: eBPF datapath unavailable, falling back to nftables");
                     let dp = nft::NftDatapath::open(config.cluster_cidrs.clone())?
+                        .with_masquerade_all(config.masquerade_all)
                         .with_nodeport_addresses(config.nodeport_addresses.clone())
                         .with_note(format!(
                             "proxy-mode auto fell back to nftables: eBPF datapath unavailable: {e}"
@@ -203,6 +208,7 @@ pub fn select(
         ProxyMode::None => Ok((Box::new(none::NoneDatapath), choice(ProxyMode::None, None))),
         ProxyMode::Nftables => {
             let dp = nft::NftDatapath::open(config.cluster_cidrs.clone())?
+                .with_masquerade_all(config.masquerade_all)
                 .with_nodeport_addresses(config.nodeport_addresses.clone());
             Ok((Box::new(dp), choice(ProxyMode::Nftables, None)))
         }

@@ -29,7 +29,7 @@ pub fn render(state: &State, format: OutputFormat) -> Result<String, RenderError
             Ok(s)
         }
         OutputFormat::Yaml => {
-            let body = serde_yaml::to_string(&structured(state)?)
+            let body = crate::yaml::to_string(&structured(state)?)
                 .map_err(|e| RenderError(e.to_string()))?;
             Ok(format!("---\n{body}"))
         }

@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
-use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -162,15 +161,14 @@ fn split_documents(
                 reason: e.to_string(),
             });
     }
+    let values = crate::yaml::documents(content).map_err(|e| ManifestError::Decode {
+        file: file.to_owned(),
+        doc_index: 0,
+        reason: e.to_string(),
+    })?;
     let mut docs = Vec::new();
-    for (doc_index, de) in serde_yaml::Deserializer::from_str(content).enumerate() {
-        let value = serde_json::Value::deserialize(de).map_err(|e| ManifestError::Decode {
-            file: file.to_owned(),
-            doc_index,
-            reason: e.to_string(),
-        })?;
+    for (doc_index, value) in values.into_iter().enumerate() {
         match value {
-            serde_json::Value::Null => {} // empty document, e.g. a trailing `---`
             serde_json::Value::Object(_) => docs.push((doc_index, value)),
             _ => {
                 return Err(ManifestError::Decode {

@@ -145,8 +145,8 @@ fn validate_cidr(field: &str, cidr: &str) -> Result<String, ObjectError> {
 
 fn timestamp(t: &Time) -> Timestamp {
     Timestamp {
-        seconds: t.0.timestamp(),
-        nanos: i32::try_from(t.0.timestamp_subsec_nanos()).unwrap_or(0),
+        seconds: t.0.as_second(),
+        nanos: t.0.subsec_nanosecond(),
     }
 }
 
@@ -318,7 +318,7 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
             .metadata
             .creation_timestamp
             .as_ref()
-            .map(|t| t.0.timestamp()),
+            .map(|t| t.0.as_second()),
         service_type,
         cluster_ips,
         external_ips,
@@ -371,7 +371,7 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
     }
     let mut endpoints = Vec::new();
     if address_type != AddressType::Fqdn {
-        for (i, ep) in slice.endpoints.into_iter().enumerate() {
+        for (i, ep) in slice.endpoints.unwrap_or_default().into_iter().enumerate() {
             let field = format!("endpoints[{i}]");
             let first = ep
                 .addresses
@@ -436,10 +436,10 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
 }
 
 fn parse_rfc3339(s: &str) -> Option<Timestamp> {
-    let t = k8s_openapi::chrono::DateTime::parse_from_rfc3339(s).ok()?;
+    let t: jiff::Timestamp = s.parse().ok()?;
     Some(Timestamp {
-        seconds: t.timestamp(),
-        nanos: i32::try_from(t.timestamp_subsec_nanos()).unwrap_or(0),
+        seconds: t.as_second(),
+        nanos: t.subsec_nanosecond(),
     })
 }
 

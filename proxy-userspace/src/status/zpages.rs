@@ -125,7 +125,7 @@ fn encode<T: Serialize>(doc: &T, format: Structured) -> String {
         Structured::Json => serde_json::to_string(doc)
             .map(|s| s + "\n")
             .map_err(|e| e.to_string()),
-        Structured::Yaml => serde_yaml::to_string(doc).map_err(|e| e.to_string()),
+        Structured::Yaml => crate::yaml::to_string(doc).map_err(|e| e.to_string()),
     };
     // The documents hold only strings, integers and maps of strings, which
     // both encoders always accept.
@@ -325,7 +325,7 @@ mod tests {
         let yaml = flagz_structured(&flags()[5..], Structured::Yaml, Version::V1Alpha1);
         assert_eq!(
             yaml,
-            "kind: Flagz\napiVersion: config.k8s.io/v1alpha1\nmetadata:\n  name: ebpf-kube-proxy\nflags:\n  sync-period: 30s\n  v: '2'\n"
+            "kind: Flagz\napiVersion: config.k8s.io/v1alpha1\nmetadata:\n  name: ebpf-kube-proxy\nflags:\n  sync-period: 30s\n  v: \"2\"\n"
         );
     }
 

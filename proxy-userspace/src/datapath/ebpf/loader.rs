@@ -77,7 +77,8 @@ pub struct Mount {
     pub fs_type: String,
 }
 
-/// Undoes mountinfo's octal escapes (`\040` is a space).
+/// Undoes mountinfo's octal escapes (`\040` is a space), which procfs
+/// leaves in the fields it returns.
 fn unescape(field: &str) -> String {
     let b = field.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -98,25 +99,29 @@ fn unescape(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Parses /proc/self/mountinfo (`ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTS
-/// [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTS`).
-pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
-    text.lines()
-        .filter_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            let mount_point = left.split(' ').nth(4)?;
-            let fs_type = right.split(' ').next()?;
-            Some(Mount {
-                mount_point: PathBuf::from(unescape(mount_point)),
-                fs_type: fs_type.to_owned(),
-            })
+fn from_procfs(infos: procfs::process::MountInfos) -> Vec<Mount> {
+    infos
+        .into_iter()
+        .map(|m| Mount {
+            mount_point: PathBuf::from(unescape(&m.mount_point.to_string_lossy())),
+            fs_type: m.fs_type,
         })
         .collect()
 }
 
+/// Parses the text of /proc/self/mountinfo (with procfs).
+pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
+    use procfs::FromBufRead;
+    procfs::process::MountInfos::from_buf_read(text.as_bytes())
+        .map(from_procfs)
+        .unwrap_or_default()
+}
+
+/// The mounts this process sees; none if /proc cannot be read.
 fn mounts() -> Vec<Mount> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|t| parse_mountinfo(&t))
+    procfs::process::Process::myself()
+        .and_then(|p| p.mountinfo())
+        .map(from_procfs)
         .unwrap_or_default()
 }
 

@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use super::nlsock::{NFPROTO_IPV4, NFPROTO_IPV6};
+
 use crate::model::{LocalState, Protocol, ServiceEndpoints};
 
 const UDP: u8 = 17;
@@ -188,17 +189,25 @@ pub fn run(flushes: &[Flush]) {
     }
 }
 
-/// ctnetlink (conntrack over netlink): list and delete entries.
+/// ctnetlink (conntrack over netlink): list and delete entries. The
+/// messages are netlink-packet-netfilter's; the socket is the one the
+/// nf_tables batches use.
 pub mod ct {
     use std::io;
+    use std::net::IpAddr;
 
-    use super::super::nlsock::*;
+    use netlink_packet_core::{
+        DefaultNla, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla, NLM_F_ACK, NLM_F_DUMP,
+        NLM_F_REQUEST,
+    };
+    use netlink_packet_netfilter::conntrack::{
+        ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Tuple as CtTuple,
+    };
+    use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterMessageInner};
 
-    const SUBSYS: u16 = 1;
-    const MSG_GET: u16 = 1;
-    const MSG_DELETE: u16 = 2;
-    const CTA_TUPLE_ORIG: u16 = 1;
-    const CTA_TUPLE_REPLY: u16 = 2;
+    use super::super::nlsock::Socket;
+
+    /// Attribute type of the conntrack zone (not typed by the codec).
     const CTA_ZONE: u16 = 18;
 
     /// One address/port tuple.
@@ -219,36 +228,25 @@ pub mod ct {
         pub zone: Option<u16>,
     }
 
-    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-
-    fn tuple(buf: &[u8]) -> Option<Tuple> {
+    fn tuple(parts: &[CtTuple]) -> Option<Tuple> {
         let (mut src, mut dst, mut proto, mut sport, mut dport) = (None, None, None, 0, 0);
-        for (k, v) in attrs(buf) {
-            match k {
-                1 => {
-                    for (ik, iv) in attrs(v) {
-                        let ip = match iv.len() {
-                            4 => <[u8; 4]>::try_from(iv)
-                                .ok()
-                                .map(|b| IpAddr::V4(Ipv4Addr::from(b))),
-                            16 => <[u8; 16]>::try_from(iv)
-                                .ok()
-                                .map(|b| IpAddr::V6(Ipv6Addr::from(b))),
-                            _ => None,
-                        };
-                        match ik {
-                            1 | 3 => src = ip,
-                            2 | 4 => dst = ip,
+        for part in parts {
+            match part {
+                CtTuple::Ip(ips) => {
+                    for ip in ips {
+                        match ip {
+                            IPTuple::SourceAddress(a) => src = Some(*a),
+                            IPTuple::DestinationAddress(a) => dst = Some(*a),
                             _ => {}
                         }
                     }
                 }
-                2 => {
-                    for (pk, pv) in attrs(v) {
-                        match (pk, pv.len()) {
-                            (1, 1) => proto = Some(pv[0]),
-                            (2, 2) => sport = u16::from_be_bytes([pv[0], pv[1]]),
-                            (3, 2) => dport = u16::from_be_bytes([pv[0], pv[1]]),
+                CtTuple::Proto(ps) => {
+                    for p in ps {
+                        match p {
+                            ProtoTuple::Protocol(p) => proto = Some(u8::from(*p)),
+                            ProtoTuple::SourcePort(n) => sport = *n,
+                            ProtoTuple::DestinationPort(n) => dport = *n,
                             _ => {}
                         }
                     }
@@ -265,50 +263,105 @@ pub mod ct {
         })
     }
 
-    fn parse(buf: &[u8]) -> Option<Entry> {
-        let a = attrs(buf);
-        let find = |kind| a.iter().find(|(k, _)| *k == kind).map(|(_, v)| *v);
+    fn entry(attrs: &[ConntrackAttribute]) -> Option<Entry> {
+        let (mut orig, mut reply, mut zone) = (None, None, None);
+        for a in attrs {
+            match a {
+                ConntrackAttribute::CtaTupleOrig(t) => orig = tuple(t),
+                ConntrackAttribute::CtaTupleReply(t) => reply = tuple(t),
+                ConntrackAttribute::Other(nla) if nla.kind() == CTA_ZONE => {
+                    let mut v = [0u8; 2];
+                    if nla.value_len() == 2 {
+                        nla.emit_value(&mut v);
+                        zone = Some(u16::from_be_bytes(v));
+                    }
+                }
+                _ => {}
+            }
+        }
         Some(Entry {
-            orig: tuple(find(CTA_TUPLE_ORIG)?)?,
-            reply: tuple(find(CTA_TUPLE_REPLY)?)?,
-            zone: find(CTA_ZONE)
-                .filter(|v| v.len() == 2)
-                .map(|v| u16::from_be_bytes([v[0], v[1]])),
+            orig: orig?,
+            reply: reply?,
+            zone,
         })
+    }
+
+    fn message(family: u8, flags: u16, seq: u32, msg: ConntrackMessage) -> Vec<u8> {
+        let mut header = NetlinkHeader::default();
+        header.flags = flags;
+        header.sequence_number = seq;
+        let mut packet = NetlinkMessage::new(
+            header,
+            NetlinkPayload::from(NetfilterMessage::new(
+                NetfilterHeader::new(family.into(), 0, 0),
+                msg,
+            )),
+        );
+        packet.finalize();
+        let mut buf = vec![0; packet.buffer_len()];
+        packet.serialize(&mut buf);
+        buf
     }
 
     /// Every conntrack entry of `family` (`NFPROTO_IPV4`/`NFPROTO_IPV6`)
     /// with protocol `proto`.
     pub fn list(family: u8, proto: u8) -> io::Result<Vec<Entry>> {
         let sock = Socket::open()?;
+        sock.send(&message(
+            family,
+            NLM_F_REQUEST | NLM_F_DUMP,
+            1,
+            ConntrackMessage::Get(vec![]),
+        ))?;
+        let v4 = family == super::NFPROTO_IPV4;
         let mut out = Vec::new();
-        sock.dump_subsys(SUBSYS, MSG_GET, family, |a| {
-            if let Some(e) = parse(a) {
-                if e.orig.proto == proto && e.orig.src.is_ipv4() == (family == NFPROTO_IPV4) {
-                    out.push(e);
+        let mut buf = vec![0u8; 1 << 20];
+        // Bounded: a dump ends with NLMSG_DONE; the cap only guards
+        // against a kernel that never says so.
+        for _ in 0..1_000_000 {
+            let n = sock.recv(&mut buf, 0)?;
+            let mut rest = &buf[..n];
+            while !rest.is_empty() {
+                let packet = NetlinkMessage::<NetfilterMessage>::deserialize(rest)
+                    .map_err(|e| io::Error::other(format!("undecodable ctnetlink message: {e}")))?;
+                let len = (packet.header.length as usize).clamp(16, rest.len());
+                rest = &rest[len.next_multiple_of(4).min(rest.len())..];
+                match packet.payload {
+                    NetlinkPayload::Done(_) => return Ok(out),
+                    NetlinkPayload::Error(e) => {
+                        if let Some(code) = e.code {
+                            return Err(io::Error::from_raw_os_error(-code.get()));
+                        }
+                    }
+                    NetlinkPayload::InnerMessage(NetfilterMessage {
+                        inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
+                        ..
+                    }) => {
+                        if let Some(e) = entry(&attrs) {
+                            if e.orig.proto == proto && e.orig.src.is_ipv4() == v4 {
+                                out.push(e);
+                            }
+                        }
+                    }
+                    _ => {}
                 }
             }
-        })?;
-        Ok(out)
+        }
+        Err(io::Error::other("conntrack dump did not end"))
     }
 
-    fn encode_tuple(a: &mut Attrs, kind: u16, t: &Tuple) {
-        a.nest(kind, |n| {
-            n.nest(1, |ip| match (t.src, t.dst) {
-                (IpAddr::V4(s), IpAddr::V4(d)) => {
-                    ip.bytes(1, &s.octets()).bytes(2, &d.octets());
-                }
-                (IpAddr::V6(s), IpAddr::V6(d)) => {
-                    ip.bytes(3, &s.octets()).bytes(4, &d.octets());
-                }
-                _ => {}
-            });
-            n.nest(2, |p| {
-                p.bytes(1, &[t.proto])
-                    .bytes(2, &t.sport.to_be_bytes())
-                    .bytes(3, &t.dport.to_be_bytes());
-            });
-        });
+    fn ct_tuple(t: &Tuple) -> Vec<CtTuple> {
+        vec![
+            CtTuple::Ip(vec![
+                IPTuple::SourceAddress(t.src),
+                IPTuple::DestinationAddress(t.dst),
+            ]),
+            CtTuple::Proto(vec![
+                ProtoTuple::Protocol(t.proto.into()),
+                ProtoTuple::SourcePort(t.sport),
+                ProtoTuple::DestinationPort(t.dport),
+            ]),
+        ]
     }
 
     /// Deletes `entries`; returns how many the kernel still had.
@@ -320,20 +373,19 @@ pub mod ct {
         for chunk in entries.chunks(256) {
             let mut buf = Vec::new();
             for (i, e) in chunk.iter().enumerate() {
-                let mut a = Attrs::default();
-                encode_tuple(&mut a, CTA_TUPLE_ORIG, &e.orig);
+                let mut attrs = vec![ConntrackAttribute::CtaTupleOrig(ct_tuple(&e.orig))];
                 if let Some(z) = e.zone {
-                    a.bytes(CTA_ZONE, &z.to_be_bytes());
+                    attrs.push(ConntrackAttribute::Other(DefaultNla::new(
+                        CTA_ZONE,
+                        z.to_be_bytes().to_vec(),
+                    )));
                 }
-                push_message(
-                    &mut buf,
-                    (SUBSYS << 8) | MSG_DELETE,
+                buf.extend(message(
+                    family,
                     NLM_F_REQUEST | NLM_F_ACK,
                     i as u32 + 1,
-                    family,
-                    0,
-                    &a.buf,
-                );
+                    ConntrackMessage::Delete(attrs),
+                ));
             }
             sock.send(&buf)?;
             for (_, errno, _) in sock.read_acks()? {
@@ -346,6 +398,50 @@ pub mod ct {
             }
         }
         Ok(deleted)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_delete_request_decodes_to_the_tuple_and_zone_it_was_built_from() {
+            let e = Entry {
+                orig: Tuple {
+                    src: "10.0.0.1".parse().unwrap(),
+                    dst: "10.96.0.10".parse().unwrap(),
+                    proto: 17,
+                    sport: 40000,
+                    dport: 53,
+                },
+                reply: Tuple {
+                    src: "10.244.1.5".parse().unwrap(),
+                    dst: "10.0.0.1".parse().unwrap(),
+                    proto: 17,
+                    sport: 53,
+                    dport: 40000,
+                },
+                zone: Some(7),
+            };
+            let mut attrs = vec![
+                ConntrackAttribute::CtaTupleOrig(ct_tuple(&e.orig)),
+                ConntrackAttribute::CtaTupleReply(ct_tuple(&e.reply)),
+            ];
+            attrs.push(ConntrackAttribute::Other(DefaultNla::new(
+                CTA_ZONE,
+                vec![0, 7],
+            )));
+            let bytes = message(2, NLM_F_REQUEST, 1, ConntrackMessage::New(attrs));
+            let back = NetlinkMessage::<NetfilterMessage>::deserialize(&bytes).unwrap();
+            let NetlinkPayload::InnerMessage(NetfilterMessage {
+                inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
+                ..
+            }) = back.payload
+            else {
+                panic!("not a conntrack message: {back:?}");
+            };
+            assert_eq!(entry(&attrs), Some(e));
+        }
     }
 }
 

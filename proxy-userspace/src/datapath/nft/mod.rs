@@ -183,6 +183,8 @@ impl NftMetrics {
 pub struct NftDatapath {
     metrics: Option<NftMetrics>,
     cluster_cidrs: Vec<Cidr>,
+    /// `--masquerade-all`: every connection to a ClusterIP is masqueraded.
+    masquerade_all: bool,
     /// What each service has programmed, per family.
     programmed: HashMap<(ObjectKey, Family), ServiceObjects>,
     /// How many services DNAT to an address (its `hairpin` element lives
@@ -205,11 +207,19 @@ impl NftDatapath {
         Ok(NftDatapath {
             metrics: None,
             cluster_cidrs,
+            masquerade_all: false,
             programmed: HashMap::new(),
             hairpin_refs: HashMap::new(),
             note: "proxy-mode nftables".to_owned(),
             nodeport_addresses: Vec::new(),
         })
+    }
+
+    /// Masquerade every connection to a ClusterIP (kube-proxy's
+    /// `--masquerade-all`), not only those from outside `--cluster-cidr`.
+    pub fn with_masquerade_all(mut self, all: bool) -> Self {
+        self.masquerade_all = all;
+        self
     }
 
     /// Node ports answer only on local addresses inside `cidrs`.
@@ -244,7 +254,7 @@ impl NftDatapath {
     /// The objects of `se` in family `f`, without the map elements of
     /// frontends another service owns.
     fn owned_objects(&self, se: &ServiceEndpoints, f: Family, claims: &Claims) -> ServiceObjects {
-        let mut objs = rules::service_objects(se, f, &self.cluster_cidrs);
+        let mut objs = rules::service_objects(se, f, &self.cluster_cidrs, self.masquerade_all);
         objs.elements.retain(|ek, _| {
             element_frontend(ek).is_none_or(|fr| claims.owns(&se.service.key, &fr))
         });

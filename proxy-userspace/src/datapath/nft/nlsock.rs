@@ -5,14 +5,11 @@
 //! the nf_tables messages and [`super::conntrack`] for ctnetlink.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 
 pub const NFPROTO_IPV4: u8 = 2;
 pub const NFPROTO_IPV6: u8 = 10;
 
-pub(super) const NETLINK_NETFILTER: i32 = 12;
-pub(super) const NETLINK_CAP_ACK: i32 = 10;
-pub(super) const NETLINK_EXT_ACK: i32 = 11;
 pub(super) const NLM_F_CAPPED: u16 = 0x100;
 pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
 pub(super) const NFNL_MSG_BATCH_BEGIN: u16 = 16;
@@ -142,91 +139,44 @@ pub(super) fn errno_of(payload: &[u8]) -> i32 {
     -i32::from_ne_bytes(head.unwrap_or([0; 4]))
 }
 
+/// A `NETLINK_NETFILTER` socket (netlink-sys) connected to the kernel.
 pub(super) struct Socket {
-    fd: OwnedFd,
+    sock: netlink_sys::Socket,
 }
 
 impl Socket {
     pub(super) fn open() -> io::Result<Socket> {
-        // SAFETY: plain socket(2); the descriptor is owned right away.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                NETLINK_NETFILTER,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a fresh descriptor nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let one: libc::c_int = 1;
+        let sock = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_NETFILTER)?;
+        sock.connect(&netlink_sys::SocketAddr::new(0, 0))?;
         // Extended acks carry the kernel's own words for a rejection, and
         // capped acks do not echo the request back (best effort: older
         // kernels lack them).
-        for opt in [NETLINK_EXT_ACK, NETLINK_CAP_ACK] {
-            // SAFETY: setsockopt with a valid int option value.
-            unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::SOL_NETLINK,
-                    opt,
-                    (&one as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as u32,
-                );
-            }
-        }
-        Ok(Socket { fd })
+        let _ = sock.set_ext_ack(true);
+        let _ = sock.set_cap_ack(true);
+        Ok(Socket { sock })
     }
 
     pub(super) fn send(&self, buf: &[u8]) -> io::Result<()> {
         // A batch is one datagram: the send buffer must hold it whole.
+        // netlink-sys sets the receive buffer only; SO_SNDBUFFORCE (root)
+        // lifts the sysctl cap that SO_SNDBUF obeys.
         let size = libc::c_int::try_from(buf.len() + 4096).unwrap_or(libc::c_int::MAX);
-        // SAFETY: setsockopt with a valid int option value.
+        // SAFETY: setsockopt with a valid int option value on an open fd.
         unsafe {
             libc::setsockopt(
-                self.fd.as_raw_fd(),
+                self.sock.as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_SNDBUFFORCE,
                 (&size as *const libc::c_int).cast(),
                 std::mem::size_of::<libc::c_int>() as u32,
             );
         }
-        // SAFETY: a zeroed sockaddr_nl addresses the kernel.
-        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        addr.nl_family = libc::AF_NETLINK as u16;
-        // SAFETY: buf and addr outlive the call.
-        let n = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                buf.as_ptr().cast(),
-                buf.len(),
-                0,
-                (&addr as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as u32,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        self.sock.send(buf, 0)?;
         Ok(())
     }
 
-    pub(super) fn recv(&self, buf: &mut [u8], flags: i32) -> io::Result<usize> {
-        // SAFETY: buf is valid for writes of its length.
-        let n = unsafe {
-            libc::recv(
-                self.fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                flags,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(n as usize)
+    pub(super) fn recv(&self, mut buf: &mut [u8], flags: i32) -> io::Result<usize> {
+        self.sock.recv(&mut buf, flags)
     }
 
     /// The kernel answers a batch while `send` runs, so what is queued
@@ -257,13 +207,8 @@ impl Socket {
     }
 
     /// A dump request; calls `each` with every answer's attributes.
-    pub(super) fn dump(&self, kind: u16, family: u8, each: impl FnMut(&[u8])) -> io::Result<()> {
-        self.dump_subsys(NFNL_SUBSYS_NFTABLES, kind, family, each)
-    }
-
-    pub(super) fn dump_subsys(
+    pub(super) fn dump(
         &self,
-        subsys: u16,
         kind: u16,
         family: u8,
         mut each: impl FnMut(&[u8]),
@@ -271,7 +216,7 @@ impl Socket {
         let mut b = Vec::new();
         push_message(
             &mut b,
-            (subsys << 8) | kind,
+            (NFNL_SUBSYS_NFTABLES << 8) | kind,
             NLM_F_REQUEST | NLM_F_DUMP,
             1,
             family,

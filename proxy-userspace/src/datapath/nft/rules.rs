@@ -320,7 +320,14 @@ struct Target<'a> {
 }
 
 /// What one service needs in family `f`.
-pub fn service_objects(se: &ServiceEndpoints, f: Family, cluster_cidrs: &[Cidr]) -> ServiceObjects {
+/// Traffic to a ClusterIP from outside `cluster_cidrs` is masqueraded;
+/// with `masquerade_all` (kube-proxy's `--masquerade-all`) all of it is.
+pub fn service_objects(
+    se: &ServiceEndpoints,
+    f: Family,
+    cluster_cidrs: &[Cidr],
+    masquerade_all: bool,
+) -> ServiceObjects {
     let ServiceEndpoints {
         service: svc,
         endpoints,
@@ -429,7 +436,10 @@ pub fn service_objects(se: &ServiceEndpoints, f: Family, cluster_cidrs: &[Cidr])
             let mut rules = Vec::new();
             // Traffic from outside the pod network gets the node's
             // address, so replies come back through this node.
-            for c in &cidrs {
+            if masquerade_all {
+                rules.push(Rule::new(vec![], vec![jump(MARK_FOR_MASQUERADE)]));
+            }
+            for c in cidrs.iter().filter(|_| !masquerade_all) {
                 rules.push(Rule::new(
                     vec![addr_match(Field::Saddr, true, *c)],
                     vec![jump(MARK_FOR_MASQUERADE)],
@@ -578,7 +588,7 @@ pub(super) mod tests {
             ],
             None,
         );
-        let objs = service_objects(&se, Family::V4, &[]);
+        let objs = service_objects(&se, Family::V4, &[], false);
         assert_eq!(
             objs.elements[&(SERVICE_IPS, key("10.96.0.10", 80))],
             Verdict::Goto("svc-default/web/tcp/http".into())
@@ -593,7 +603,9 @@ pub(super) mod tests {
             ]
         );
         assert_eq!(objs.hairpin.len(), 3);
-        assert!(service_objects(&se, Family::V6, &[]).elements.is_empty());
+        assert!(service_objects(&se, Family::V6, &[], false)
+            .elements
+            .is_empty());
     }
 
     #[test]
@@ -605,7 +617,7 @@ pub(super) mod tests {
             ],
             None,
         );
-        let objs = service_objects(&se, Family::V4, &[]);
+        let objs = service_objects(&se, Family::V4, &[], false);
         assert_eq!(
             chain_text(&objs, "svc-default/web/tcp/http"),
             ["meta l4proto tcp dnat to 10.244.1.11:8080"]
@@ -615,7 +627,7 @@ pub(super) mod tests {
 
     #[test]
     fn service_without_endpoints_is_rejected_not_dispatched() {
-        let objs = service_objects(&web(vec![], None), Family::V4, &[]);
+        let objs = service_objects(&web(vec![], None), Family::V4, &[], false);
         assert!(objs.chains.is_empty());
         assert_eq!(
             objs.elements[&(NO_ENDPOINT_SERVICES, key("10.96.0.10", 80))],
@@ -629,7 +641,7 @@ pub(super) mod tests {
             vec![endpoint("10.244.1.11", true), endpoint("10.244.1.12", true)],
             Some(10800),
         );
-        let objs = service_objects(&se, Family::V4, &[]);
+        let objs = service_objects(&se, Family::V4, &[], false);
         let set = "aff-default/web/tcp/http/10.244.1.11/8080";
         assert_eq!(objs.sets[set], 10800);
         let rules = chain_text(&objs, "svc-default/web/tcp/http");
@@ -648,7 +660,7 @@ pub(super) mod tests {
     fn traffic_from_outside_the_cluster_cidr_is_marked_for_masquerade() {
         let se = web(vec![endpoint("10.244.1.11", true)], None);
         let cidr: Cidr = "10.244.0.0/16".parse().unwrap();
-        let objs = service_objects(&se, Family::V4, &[cidr]);
+        let objs = service_objects(&se, Family::V4, &[cidr], false);
         assert_eq!(
             chain_text(&objs, "svc-default/web/tcp/http")[0],
             "ip saddr != 10.244.0.0/16 jump mark-for-masquerade"
@@ -656,10 +668,20 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn masquerade_all_marks_every_connection_whatever_the_cluster_cidr() {
+        let se = web(vec![endpoint("10.244.1.11", true)], None);
+        let cidr: Cidr = "10.244.0.0/16".parse().unwrap();
+        let objs = service_objects(&se, Family::V4, &[cidr], true);
+        let chain = chain_text(&objs, "svc-default/web/tcp/http");
+        assert_eq!(chain[0], "jump mark-for-masquerade");
+        assert!(!chain.iter().any(|r| r.contains("saddr")), "{chain:?}");
+    }
+
+    #[test]
     fn node_port_goes_through_the_external_chain() {
         let mut se = web(vec![endpoint("10.244.1.11", true)], None);
         se.service.ports[0].node_port = 30080;
-        let objs = service_objects(&se, Family::V4, &[]);
+        let objs = service_objects(&se, Family::V4, &[], false);
         assert_eq!(
             objs.elements[&(
                 SERVICE_NODEPORTS,
@@ -682,7 +704,7 @@ pub(super) mod tests {
         se.service.load_balancer_ips = IpSet::from_ips(&["192.0.2.10".parse().unwrap()]);
         se.service.external_ips = IpSet::from_ips(&["192.0.2.20".parse().unwrap()]);
         se.service.load_balancer_source_ranges = vec!["198.51.100.0/24".into()];
-        let objs = service_objects(&se, Family::V4, &[]);
+        let objs = service_objects(&se, Family::V4, &[], false);
         assert_eq!(
             chain_text(&objs, "fw-default/web/tcp/http"),
             ["ip saddr 198.51.100.0/24 return", "drop"]
@@ -705,7 +727,7 @@ pub(super) mod tests {
         se.service.ports[0].node_port = 30080;
         se.service.external_traffic_policy = TrafficPolicy::Local;
         let cidr: Cidr = "10.244.0.0/16".parse().unwrap();
-        let objs = service_objects(&se, Family::V4, &[cidr]);
+        let objs = service_objects(&se, Family::V4, &[cidr], false);
         assert_eq!(
             chain_text(&objs, "ext-default/web/tcp/http"),
             [
@@ -723,7 +745,7 @@ pub(super) mod tests {
         se.service.ports[0].node_port = 30080;
         se.service.external_traffic_policy = TrafficPolicy::Local;
         se.endpoints[0].ports[0].scopes.external = false;
-        let objs = service_objects(&se, Family::V4, &[]);
+        let objs = service_objects(&se, Family::V4, &[], false);
         assert_eq!(
             objs.elements[&(
                 NO_ENDPOINT_NODEPORTS,
@@ -759,7 +781,7 @@ pub(super) mod tests {
     fn ipv6_names_avoid_colons() {
         let mut se = web(vec![endpoint("fd00:10:244::11", true)], Some(60));
         se.service.cluster_ips = IpSet::from_ips(&["fd00:10:96::10".parse().unwrap()]);
-        let objs = service_objects(&se, Family::V6, &[]);
+        let objs = service_objects(&se, Family::V6, &[], false);
         assert!(objs
             .sets
             .contains_key("aff-default/web/tcp/http/fd00-10-244--11/8080"));

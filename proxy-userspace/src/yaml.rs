@@ -1,0 +1,79 @@
+//! YAML in and out through serde-saphyr, with one set of parser options for
+//! every input the daemon reads (manifests, the KubeProxyConfiguration):
+//! duplicate keys are an error, `yes`/`on` stay strings (YAML 1.2 booleans
+//! only, as the API server reads them), alias expansion and nesting are
+//! bounded by the parser's budget, and an error is one line naming where.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub use serde_saphyr::Error;
+
+fn options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        strict_booleans: true,
+        with_snippet: false,
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
+    }
+}
+
+/// One YAML document.
+pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, Error> {
+    serde_saphyr::from_str_with_options(text, options())
+}
+
+/// Every document of a multi-document stream, empty ones left out.
+pub fn documents(text: &str) -> Result<Vec<serde_json::Value>, Error> {
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple_with_options(text, options())?;
+    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// A value as a YAML document.
+pub fn to_string<T: Serialize>(value: &T) -> Result<String, serde_saphyr::SerializeError> {
+    serde_saphyr::to_string(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicate_keys_are_an_error_naming_the_key() {
+        let err = from_str::<serde_json::Value>("a: 1\nb: 2\na: 3\n").unwrap_err();
+        assert!(err.to_string().contains('a'), "{err}");
+    }
+
+    #[test]
+    fn yaml_1_1_booleans_stay_strings() {
+        let v: serde_json::Value = from_str("x: yes\ny: true\n").unwrap();
+        assert_eq!(v, serde_json::json!({"x": "yes", "y": true}));
+    }
+
+    #[test]
+    fn empty_documents_are_skipped() {
+        let docs = documents("---\na: 1\n---\n---\nb: 2\n").unwrap();
+        assert_eq!(
+            docs,
+            [serde_json::json!({"a": 1}), serde_json::json!({"b": 2})]
+        );
+    }
+
+    #[test]
+    fn an_alias_bomb_is_refused() {
+        let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..12 {
+            let p = i - 1;
+            text.push_str(&format!(
+                "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+            ));
+        }
+        assert!(from_str::<serde_json::Value>(&text).is_err());
+    }
+
+    #[test]
+    fn round_trips_through_json_values() {
+        let v = serde_json::json!({"kind": "Service", "spec": {"ports": [{"port": 80}]}});
+        let text = to_string(&v).unwrap();
+        assert_eq!(from_str::<serde_json::Value>(&text).unwrap(), v);
+    }
+}
