@@ -38,6 +38,39 @@ pub const FAIL_APPLIES_ENV: &str = "EBPF_KUBE_PROXY_TEST_FAIL_APPLIES";
 const STALL_RECHECK: Duration = Duration::from_millis(100);
 /// Retries back off up to this many sync periods.
 pub const MAX_RETRY_FACTOR: u32 = 16;
+/// Partial syncs are logged at info level at most this often (each full
+/// sync always is); the ones in between are folded into the next line.
+const SYNC_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Rate limit of the info-level sync line.
+#[derive(Debug, Default)]
+struct SyncLog {
+    last: Option<Instant>,
+    /// Partial syncs not logged since `last`, and the services they changed.
+    folded: u32,
+    folded_changed: usize,
+}
+
+impl SyncLog {
+    /// Whether the sync that just ended at `now` gets a line; if so, the
+    /// syncs folded into it (count, services changed).
+    fn admit(&mut self, now: Instant, full: bool, changed: usize) -> Option<(u32, usize)> {
+        let due = self
+            .last
+            .is_none_or(|t| now.duration_since(t) >= SYNC_LOG_INTERVAL);
+        if full || due {
+            self.last = Some(now);
+            Some((
+                std::mem::take(&mut self.folded),
+                std::mem::take(&mut self.folded_changed),
+            ))
+        } else {
+            self.folded += 1;
+            self.folded_changed += changed;
+            None
+        }
+    }
+}
 
 /// What one successful apply did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,6 +202,7 @@ pub async fn run(
 ) {
     let stall_file = std::env::var_os(STALL_DATAPATH_ENV).map(PathBuf::from);
     let mut failures = 0u32;
+    let mut sync_log = SyncLog::default();
     let mut follower = Follower::new(snapshots, shutdown);
     while let Some(snapshot) = follower.next().await {
         if stall_file.as_deref().is_some_and(|p| p.exists()) {
@@ -186,7 +220,31 @@ pub async fn run(
                 status.datapath_applied(snapshot.rev, &snapshot.state, elapsed);
                 status.set_map_entries(&applier.datapath().map_entries());
                 status.set_address_conflicts(applier.address_conflicts());
-                tracing::debug!(rev = snapshot.rev, mode = %applier.datapath().mode(), full = applied.full, services_changed = applied.stats.services_changed, ?elapsed, "datapath applied");
+                let changed = applied.stats.services_changed;
+                if let Some((folded, folded_changed)) =
+                    sync_log.admit(Instant::now(), applied.full, changed)
+                {
+                    tracing::info!(
+                        kind = if applied.full { "full" } else { "partial" },
+                        rev = snapshot.rev,
+                        mode = %applier.datapath().mode(),
+                        services = snapshot.state.services.len(),
+                        endpoints = snapshot.state.endpoint_count(),
+                        services_changed = changed,
+                        duration_ms = elapsed.as_secs_f64() * 1e3,
+                        earlier_syncs_not_logged = folded,
+                        earlier_services_changed = folded_changed,
+                        "datapath synced"
+                    );
+                } else {
+                    tracing::debug!(
+                        rev = snapshot.rev,
+                        full = applied.full,
+                        services_changed = changed,
+                        ?elapsed,
+                        "datapath synced"
+                    );
+                }
             }
             Err(e) => {
                 failures += 1;
@@ -203,6 +261,20 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn partial_syncs_are_logged_at_most_once_per_interval_and_full_ones_always() {
+        let mut log = SyncLog::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(log.admit(at(0), true, 100), Some((0, 0)));
+        assert_eq!(log.admit(at(1), false, 1), None);
+        assert_eq!(log.admit(at(2), false, 2), None);
+        assert_eq!(log.admit(at(3), true, 5), Some((2, 3)), "full: always");
+        assert_eq!(log.admit(at(4), false, 1), None);
+        assert_eq!(log.admit(at(13), false, 1), Some((1, 1)), "interval over");
+        assert_eq!(log.admit(at(14), false, 1), None);
+    }
 
     #[test]
     fn retries_back_off_from_one_sync_period_to_sixteen() {

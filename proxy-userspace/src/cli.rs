@@ -47,6 +47,40 @@ pub enum Command {
     },
     /// Print version information.
     Version,
+    /// Print a shell completion script: `source <(ebpf-kube-proxy
+    /// completion bash)`, or write it where your shell loads completions
+    /// from.
+    Completion {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// The completion script for `shell`.
+pub fn completion(shell: clap_complete::Shell) -> Vec<u8> {
+    use clap::CommandFactory;
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "ebpf-kube-proxy", &mut out);
+    out
+}
+
+/// An error and its causes on one line, each said once: a cause whose text
+/// its parent already includes (a `{0}` in a thiserror message) is not
+/// repeated.
+pub fn error_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 #[derive(Debug, Subcommand)]
@@ -93,6 +127,45 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn completion_scripts_name_the_subcommands_and_flags() {
+        for shell in [
+            clap_complete::Shell::Bash,
+            clap_complete::Shell::Zsh,
+            clap_complete::Shell::Fish,
+        ] {
+            let script = String::from_utf8(completion(shell)).unwrap();
+            for word in [
+                "dump",
+                "cleanup",
+                "podinfo",
+                "proxy-mode",
+                "nodeport-addresses",
+            ] {
+                assert!(script.contains(word), "{shell}: {word} missing");
+            }
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let io = std::io::Error::other("permission denied");
+        let e = anyhow::Error::new(crate::config_file::ConfigFileError::Read {
+            file: "/etc/kp.conf".into(),
+            reason: io.to_string(),
+        })
+        .context("loading the configuration");
+        assert_eq!(
+            error_line(&e),
+            "loading the configuration: --config /etc/kp.conf: permission denied"
+        );
+        #[derive(Debug, thiserror::Error)]
+        #[error("opening the socket: {0}")]
+        struct Wraps(#[source] std::io::Error);
+        let e = anyhow::Error::new(Wraps(std::io::Error::other("EACCES"))).context("localnet");
+        assert_eq!(error_line(&e), "localnet: opening the socket: EACCES");
     }
 
     #[test]

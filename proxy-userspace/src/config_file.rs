@@ -69,6 +69,19 @@ const NOT_APPLICABLE: &[&str] = &[
     "winkernel",
 ];
 
+/// Whether `v` is Go's zero value as a KubeProxyConfiguration serialises it
+/// (null, "", 0, false, "0s", empty, or an object of such values).
+fn is_zero(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty() || s == "0s" || s == "0",
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.values().all(is_zero),
+    }
+}
+
 /// Merges `flags.config` (when set) into `flags`; `from_command_line(id)`
 /// says whether the flag with clap id `id` was given on the command line.
 pub fn merge(
@@ -104,9 +117,20 @@ pub fn merge(
     if map.get("kind").and_then(Value::as_str) != Some(KIND) {
         return Err(field_err("kind", format!("must be {KIND}")));
     }
-    for key in map.keys() {
+    for (key, value) in map {
         if NOT_APPLICABLE.contains(&key.as_str()) {
-            tracing::debug!(file = %file, field = %key, "KubeProxyConfiguration field does not apply to ebpf-kube-proxy; ignored");
+            // kubeadm writes every field, mostly zero: only a value someone
+            // chose is worth a warning. masqueradeAll inside a mode's
+            // section is read below.
+            let mut rest = value.clone();
+            if let Value::Object(o) = &mut rest {
+                o.remove("masqueradeAll");
+            }
+            if is_zero(&rest) {
+                tracing::debug!(file = %file, field = %key, "KubeProxyConfiguration field does not apply to ebpf-kube-proxy; ignored");
+            } else {
+                tracing::warn!(file = %file, field = %key, "KubeProxyConfiguration field is set but does not apply to ebpf-kube-proxy; ignored");
+            }
         } else if !USED.contains(&key.as_str()) {
             tracing::warn!(file = %file, field = %key, "unknown KubeProxyConfiguration field; ignored");
         }
@@ -129,19 +153,35 @@ pub fn merge(
             }
         }
     }
-    match map.get("masqueradeAll") {
-        None | Some(Value::Null) => {}
-        Some(Value::Bool(all)) => {
-            if !from_command_line("masquerade_all") {
-                flags.masquerade_all = *all;
+    // v1alpha1 keeps masqueradeAll per mode (iptables, nftables); newer
+    // configurations have it under linux or at the top. Any true asks for
+    // it: this proxy has one datapath where it applies.
+    let mut masquerade_all = None;
+    for (section, field) in [
+        (None, "masqueradeAll"),
+        (Some("linux"), "linux.masqueradeAll"),
+        (Some("iptables"), "iptables.masqueradeAll"),
+        (Some("nftables"), "nftables.masqueradeAll"),
+    ] {
+        let parent = match section {
+            None => Some(&doc),
+            Some(s) => map.get(s),
+        };
+        match parent.and_then(|p| p.get("masqueradeAll")) {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(all)) => {
+                masquerade_all = Some(masquerade_all.unwrap_or(false) || *all)
+            }
+            Some(other) => {
+                return Err(field_err(
+                    field,
+                    format!("must be true or false, got {other}"),
+                ))
             }
         }
-        Some(other) => {
-            return Err(field_err(
-                "masqueradeAll",
-                format!("must be true or false, got {other}"),
-            ))
-        }
+    }
+    if let Some(all) = masquerade_all.filter(|_| !from_command_line("masquerade_all")) {
+        flags.masquerade_all = all;
     }
     for (field, id) in [
         ("healthzBindAddress", "healthz_bind_address"),

@@ -113,7 +113,7 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
         node = %config.node_name,
         proxy_mode = %datapath.mode(),
         requested_proxy_mode = %datapath_choice.requested,
-        instance_id = format_args!("{instance_id:016x}"),
+        instance_id,
         "starting ebpf-kube-proxy {}",
         env!("CARGO_PKG_VERSION")
     );

@@ -92,13 +92,19 @@ fn main() -> std::process::ExitCode {
                 println!("{}", commands::version_line());
                 Ok(())
             }
+            Some(Command::Completion { shell }) => {
+                use std::io::Write as _;
+                std::io::stdout()
+                    .write_all(&ebpf_kube_proxy::cli::completion(shell))
+                    .context("writing the completion script")
+            }
         }
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) if broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", ebpf_kube_proxy::cli::error_line(&e));
             std::process::ExitCode::FAILURE
         }
     }

@@ -208,7 +208,7 @@ async fn the_cli_prints_list_get_and_watch_as_text_and_json() {
     let sock = socket(&d).display().to_string();
     let run = |args: &[&str]| {
         let mut all = args.to_vec();
-        all.extend(["--socket", sock.as_str()]);
+        all.extend(["--target", sock.as_str()]);
         let out = podinfo_cli(&all);
         (
             out.status.success(),

@@ -173,6 +173,7 @@ fn kube_proxy_only_flags_are_accepted_with_a_warning() {
         .args([
             "--bind-address=0.0.0.0",
             "--masquerade-all",
+            "--oom-score-adj=-999",
             "--conntrack-max-per-core",
             "0",
             "--iptables-sync-period=30s",
@@ -187,8 +188,7 @@ fn kube_proxy_only_flags_are_accepted_with_a_warning() {
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     for flag in [
-        "--bind-address",
-        "--masquerade-all",
+        "--oom-score-adj",
         "--conntrack-max-per-core",
         "--iptables-sync-period",
         "--ipvs-scheduler",
@@ -196,6 +196,13 @@ fn kube_proxy_only_flags_are_accepted_with_a_warning() {
     ] {
         assert!(
             t.lines().any(|l| l.contains(flag) && l.contains("ignored")),
+            "{flag}: {t}"
+        );
+    }
+    // Flags that take effect here are not called ignored.
+    for flag in ["--bind-address", "--masquerade-all", "--cluster-cidr"] {
+        assert!(
+            !t.lines().any(|l| l.contains(flag) && l.contains("ignored")),
             "{flag}: {t}"
         );
     }

@@ -70,7 +70,7 @@ fn ips(set: Option<&pb::IpSet>) -> Vec<String> {
 fn text(state: &State) -> String {
     let endpoints: usize = state.services.iter().map(|s| s.endpoints.len()).sum();
     let mut out = format!(
-        "# localnet instance={:016x} rev={} services={} endpoints={}\n",
+        "# localnet instance={} rev={} services={} endpoints={}\n",
         state.instance_id,
         state.rev,
         state.services.len(),
@@ -263,7 +263,7 @@ mod tests {
         let t = render(&sample(), OutputFormat::Text).unwrap();
         assert_eq!(
             t,
-            "# localnet instance=0000000000000abc rev=2 services=1 endpoints=1\n\
+            "# localnet instance=2748 rev=2 services=1 endpoints=1\n\
              default/web ClusterIP 10.96.0.10 [http 80/TCP->8080] iTP=Cluster eTP=Cluster\n    \
              10.244.1.2 ready node=n1 (local) | http 8080/TCP cluster,internal\n"
         );

@@ -36,13 +36,31 @@ pub enum PodInfoCommand {
 
 #[derive(Clone, Debug, Args)]
 pub struct PodInfoArgs {
-    /// PodInfo API socket.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_PODINFO_SOCKET)]
+    /// PodInfo API socket: unix:PATH or PATH (the same flag as the
+    /// localnet commands' `--target`; `--socket` is its older name).
+    #[arg(
+        long = "target",
+        visible_alias = "socket",
+        value_name = "unix:PATH",
+        default_value = DEFAULT_PODINFO_SOCKET,
+        value_parser = unix_socket_path
+    )]
     pub socket: PathBuf,
 
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+}
+
+/// `unix:PATH` or a bare PATH: PodInfo listens on a unix socket only.
+fn unix_socket_path(s: &str) -> Result<PathBuf, String> {
+    match s.strip_prefix("unix:").unwrap_or(s) {
+        "" => Err("a socket path is required".to_owned()),
+        p if s.starts_with("unix:") || !s.contains("://") => Ok(PathBuf::from(p)),
+        _ => Err(format!(
+            "{s:?}: the PodInfo API is on a unix socket: give unix:PATH"
+        )),
+    }
 }
 
 #[derive(Clone, Debug, Args)]
@@ -248,6 +266,17 @@ mod tests {
         for bad in ["p", "/p", "ns/", "a/b/c"] {
             assert!(parse_pod_key(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_socket_is_named_like_the_localnet_target() {
+        assert_eq!(
+            unix_socket_path("unix:/run/p.sock"),
+            Ok("/run/p.sock".into())
+        );
+        assert_eq!(unix_socket_path("/run/p.sock"), Ok("/run/p.sock".into()));
+        assert!(unix_socket_path("unix:").is_err());
+        assert!(unix_socket_path("http://127.0.0.1:1").is_err());
     }
 
     #[test]
