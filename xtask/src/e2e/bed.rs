@@ -76,6 +76,8 @@ pub struct Bed {
     pub podinfo_socket: PathBuf,
     /// The arguments the daemon was last started with.
     pub last_args: Vec<OsString>,
+    /// The daemon's `--metrics-bind-address` (in the node netns).
+    metrics: Option<SocketAddr>,
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
@@ -141,6 +143,7 @@ impl Bed {
             localnet_socket,
             podinfo_socket,
             last_args: Vec::new(),
+            metrics: None,
             prefix,
         };
         bed.build().context("building the test bed")?;
@@ -413,6 +416,8 @@ impl Bed {
                 self.dir.join("manifests").into(),
             ],
         };
+        let metrics = free_port()?;
+        self.metrics = Some(metrics);
         let mut args: Vec<OsString> = vec![
             "--hostname-override".into(),
             "node-1".into(),
@@ -432,7 +437,7 @@ impl Bed {
                 "--podinfo-socket",
                 self.podinfo_socket.clone().into_os_string(),
             ),
-            ("--metrics-bind-address", free_port()?.to_string().into()),
+            ("--metrics-bind-address", metrics.to_string().into()),
             ("--healthz-bind-address", free_port()?.to_string().into()),
         ] {
             args.push(flag.into());
@@ -562,6 +567,20 @@ impl Bed {
                 .join()
                 .map_err(|_| anyhow::anyhow!("the thread in the node netns panicked"))?
         })
+    }
+
+    /// The daemon's `/metrics` page, fetched inside the node namespace.
+    pub fn metrics(&self) -> Result<String> {
+        let addr = self.metrics.context("the daemon was never started")?;
+        self.in_node_netns(move || -> Result<String> {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+            let mut page = String::new();
+            s.read_to_string(&mut page)?;
+            Ok(page)
+        })?
     }
 
     /// A client in `netns` (the node's by default) and in the test cgroup.

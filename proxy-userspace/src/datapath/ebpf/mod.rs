@@ -19,6 +19,7 @@
 //! equivalent of kube-proxy's REJECT.
 
 pub mod codec;
+pub mod counters;
 pub mod desired;
 pub mod dump;
 pub mod loader;
@@ -152,6 +153,8 @@ pub struct EbpfDatapath {
     view: Programmed,
     /// The VIPs each service has programmed (those it owns).
     owned: HashMap<ObjectKey, Vec<Vip>>,
+    /// `--bpffs-root`, where the maps are pinned.
+    root: PathBuf,
 }
 
 impl std::fmt::Debug for EbpfDatapath {
@@ -184,6 +187,7 @@ impl EbpfDatapath {
             maps: attached.maps,
             view,
             owned: HashMap::new(),
+            root: config.bpffs_root.clone(),
         })
     }
 
@@ -221,6 +225,13 @@ impl EbpfDatapath {
 impl Datapath for EbpfDatapath {
     fn mode(&self) -> ProxyMode {
         ProxyMode::Ebpf
+    }
+
+    fn register_metrics(
+        &mut self,
+        registry: &prometheus::Registry,
+    ) -> Result<(), prometheus::Error> {
+        registry.register(Box::new(counters::StatsCollector::new(self.root.clone())?))
     }
 
     fn map_entries(&self) -> Vec<(&'static str, usize)> {

@@ -32,9 +32,36 @@ pub(super) fn clusterip_tcp(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
     apply_service(bed, &WEB, false, &three_pods())?;
     wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
+    let before = datapath_counter(bed, "load_balanced")?;
     let r = request(bed, "tcp", "10.96.0.10:80", 300)?;
     assert_spread(&r, 300, &["pod1", "pod2", "pod3"], 0.15)?;
-    assert_peer_is(&r, "10.96.0.10:80")
+    assert_peer_is(&r, "10.96.0.10:80")?;
+    if let (Some(before), Some(after)) = (before, datapath_counter(bed, "load_balanced")?) {
+        ensure!(
+            after >= before + 300,
+            "load_balanced went from {before} to {after} over 300 connections"
+        );
+    }
+    Ok(())
+}
+
+/// `ebpf_kube_proxy_datapath_connections_total{result}` on the daemon's
+/// `/metrics`: the eBPF programs' own counters. `None` on nftables, which
+/// has none; on eBPF the family must be there.
+fn datapath_counter(bed: &Bed, result: &str) -> Result<Option<u64>> {
+    let page = bed.metrics()?;
+    let prefix = format!("ebpf_kube_proxy_datapath_connections_total{{result=\"{result}\"}} ");
+    let value = page
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().parse::<u64>())
+        .transpose()?;
+    if bed.proxy_mode == "ebpf" {
+        ensure!(value.is_some(), "no {prefix}on /metrics:\n{page}");
+    } else {
+        ensure!(value.is_none(), "{prefix}on the nftables datapath");
+    }
+    Ok(value)
 }
 
 pub(super) fn clusterip_udp(bed: &mut Bed) -> Result<()> {
@@ -123,6 +150,7 @@ pub(super) fn no_endpoints(bed: &mut Bed) -> Result<()> {
     // answer for an empty service and not a missing service.
     apply_service(bed, &empty, false, &[(0, "node-1")])?;
     wait_until_served(bed, "tcp", "10.96.0.30:80", Duration::from_secs(5))?;
+    let refused_before = datapath_counter(bed, "no_backend")?;
     apply_service(bed, &empty, false, &[])?;
     let started = Instant::now();
     loop {
@@ -148,6 +176,12 @@ pub(super) fn no_endpoints(bed: &mut Bed) -> Result<()> {
             "{target}/{proto}: refusal took {} ms: {:?}",
             r.max_error_ms,
             r.errors
+        );
+    }
+    if let (Some(before), Some(after)) = (refused_before, datapath_counter(bed, "no_backend")?) {
+        ensure!(
+            after > before,
+            "no_backend stayed at {before} while connections were refused"
         );
     }
     Ok(())

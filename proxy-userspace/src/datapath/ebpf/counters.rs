@@ -1,0 +1,64 @@
+//! The eBPF programs' own per-CPU counters (`EKP_STATS`) on `/metrics`,
+//! read from the pinned map at scrape time and summed over CPUs, so the
+//! figures are the kernel's, not a copy taken at the last sync.
+
+use std::path::PathBuf;
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{IntCounterVec, Opts};
+use proxy_common::{STAT_AFFINITY_HIT, STAT_NO_BACKEND, STAT_SLOT_MISSING, STAT_TRANSLATED};
+
+use super::maps::read_stats;
+
+/// Metric family name.
+pub const CONNECTIONS_TOTAL: &str = "ebpf_kube_proxy_datapath_connections_total";
+
+/// `result` label values, by `STAT_*` index.
+const RESULTS: [(u32, &str); 4] = [
+    (STAT_TRANSLATED, "load_balanced"),
+    (STAT_AFFINITY_HIT, "session_affinity"),
+    (STAT_NO_BACKEND, "no_backend"),
+    (STAT_SLOT_MISSING, "backend_slot_missing"),
+];
+
+/// Collects [`CONNECTIONS_TOTAL`] from the maps pinned under `root`.
+pub struct StatsCollector {
+    root: PathBuf,
+    family: IntCounterVec,
+}
+
+impl StatsCollector {
+    pub fn new(root: PathBuf) -> Result<Self, prometheus::Error> {
+        let family = IntCounterVec::new(
+            Opts::new(
+                CONNECTIONS_TOTAL,
+                "[ALPHA] Socket-LB decisions of the eBPF programs, by result: load_balanced (a backend picked), session_affinity (the affine backend reused), no_backend (refused: the service has no usable endpoint), backend_slot_missing (a slot pointed at no backend). Summed over CPUs; kept across daemon restarts while the maps stay pinned.",
+            ),
+            &["result"],
+        )?;
+        Ok(StatsCollector { root, family })
+    }
+}
+
+impl Collector for StatsCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.family.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let counters = match read_stats(&self.root) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, "eBPF counters unreadable; left out of this scrape");
+                return Vec::new();
+            }
+        };
+        for (index, result) in RESULTS {
+            let c = self.family.with_label_values(&[result]);
+            c.reset();
+            c.inc_by(counters.get(index as usize).copied().unwrap_or(0));
+        }
+        self.family.collect()
+    }
+}
