@@ -36,7 +36,50 @@ export KUBECONFIG="${kubeconfig}"
 
 echo "==> loading the image and deploying"
 kind load docker-image --name "${cluster}" "${image}"
-kubectl apply -f "${root}/deploy/rbac.yaml" -f "${root}/deploy/configmap.yaml" -f "${root}/deploy/daemonset.yaml"
+
+# With no kube-proxy, the kubernetes Service's ClusterIP (10.96.0.1) is not
+# translated until ebpf-kube-proxy runs, so the proxy talks to the API
+# server on the control-plane node directly (deploy/apiserver.yaml).
+apiserver_host="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "${cluster}-control-plane")"
+if [ -z "${apiserver_host}" ]; then
+  echo "cannot find the address of ${cluster}-control-plane" >&2
+  exit 1
+fi
+echo "    API server: ${apiserver_host}:6443"
+
+have_podmonitor_crd=false
+if kubectl get crd podmonitors.monitoring.coreos.com >/dev/null 2>&1; then
+  have_podmonitor_crd=true
+else
+  echo "    no PodMonitor CRD in the cluster: skipping monitoring/podmonitor.yaml"
+fi
+
+# Copies the rendered manifests from stdin, without the PodMonitor
+# document when the cluster has no Prometheus Operator CRDs.
+filter_monitoring() {
+  if [ "${have_podmonitor_crd}" = true ]; then
+    cat
+    return
+  fi
+  awk '
+    function flush() {
+      if (doc != "" && index("\n" doc, "\nkind: PodMonitor\n") == 0) {
+        if (kept++) print "---"
+        printf "%s", doc
+      }
+      doc = ""
+    }
+    /^---$/ { flush(); next }
+    { doc = doc $0 "\n" }
+    END { flush() }
+  '
+}
+
+kubectl kustomize "${root}/deploy" \
+  | sed -e "s|REPLACE-WITH-CONTROL-PLANE-ADDRESS|${apiserver_host}|" \
+        -e "s|ghcr.io/example/ebpf-kube-proxy:0.1.0|${image}|" \
+  | filter_monitoring \
+  | kubectl apply -f -
 kubectl -n kube-system rollout status daemonset/ebpf-kube-proxy --timeout=5m
 
 echo "==> running: ${focus}"

@@ -9,8 +9,60 @@ use crate::localnet::client::Target;
 use crate::localnet::render::OutputFormat;
 use crate::podinfo::client::PodInfoCommand;
 
+const DAEMON_HELP: &str = "\
+Without a subcommand the daemon runs: it watches the API server (or
+--manifests with --source file), programs the datapath and serves the
+localnet API, PodInfo and the status pages until SIGTERM.
+
+Examples:
+  ebpf-kube-proxy --config=/var/lib/ebpf-kube-proxy/config.conf --hostname-override=$(NODE_NAME)
+  ebpf-kube-proxy --source=file --manifests=deploy/examples --proxy-mode=none
+  ebpf-kube-proxy --write-config-to=/tmp/effective.yaml
+
+Exit status: 0 after SIGTERM or a one-shot flag (--cleanup, --init-only,
+--write-config-to) succeeded; 1 on an error, printed as one line on stderr;
+2 on a command-line error.";
+
+const DUMP_HELP: &str = "\
+Reads the kernel, not the daemon: works while the daemon is stopped.
+Output: text (default) or -o json|yaml.
+
+Examples:
+  ebpf-kube-proxy dump
+  ebpf-kube-proxy dump -o json | jq '.services | length'
+  ebpf-kube-proxy dump --bpffs-root=/sys/fs/bpf/ebpf-kube-proxy | head
+
+Exit status: 0, also when nothing is programmed (said on stderr) or when
+the reader closes the pipe early; 1 when the kernel state cannot be read.";
+
+const CLEANUP_HELP: &str = "\
+Takes the DaemonSet's own flags, so the same argument list cleans up what
+it programmed. kube-proxy's spelling, `ebpf-kube-proxy --cleanup`, does the
+same. Prints one line per thing removed.
+
+Examples:
+  ebpf-kube-proxy cleanup
+  ebpf-kube-proxy cleanup --bpffs-root=/sys/fs/bpf/ebpf-kube-proxy
+
+Exit status: 0 when everything found was removed; 1 otherwise.";
+
+const WATCH_HELP: &str = "\
+Examples:
+  ebpf-kube-proxy localnet watch --once
+  ebpf-kube-proxy localnet watch --target unix:/run/ebpf-kube-proxy/localnet.sock -o json
+
+Exit status: 0 after --once or when the server ends the stream; 1 when the
+server cannot be reached.";
+
+const COMPLETION_HELP: &str = "\
+Examples:
+  source <(ebpf-kube-proxy completion bash)
+  ebpf-kube-proxy completion zsh > \"${fpath[1]}/_ebpf-kube-proxy\"
+  ebpf-kube-proxy completion fish > ~/.config/fish/completions/ebpf-kube-proxy.fish";
+
 #[derive(Debug, Parser)]
 #[command(
+    after_long_help = DAEMON_HELP,
     name = "ebpf-kube-proxy",
     version = crate::commands::VERSION,
     about = "A kube-proxy replacement: node-local service state, an eBPF datapath, the localnet API",
@@ -34,11 +86,13 @@ pub enum Command {
     /// Show what is programmed, read from the kernel: the eBPF maps pinned
     /// under --bpffs-root, else the nftables tables, else the LocalState a
     /// daemon publishes on --target.
+    #[command(after_long_help = DUMP_HELP)]
     Dump(DumpArgs),
     /// Remove what any datapath left on the node, whatever --proxy-mode
     /// says: eBPF links and pins under --bpffs-root, both nftables tables,
     /// and the --localnet-socket and --podinfo-socket files when no daemon
     /// listens on them.
+    #[command(after_long_help = CLEANUP_HELP)]
     Cleanup,
     /// Clients of the PodInfo API.
     Podinfo {
@@ -50,6 +104,7 @@ pub enum Command {
     /// Print a shell completion script: `source <(ebpf-kube-proxy
     /// completion bash)`, or write it where your shell loads completions
     /// from.
+    #[command(after_long_help = COMPLETION_HELP)]
     Completion {
         /// The shell.
         #[arg(value_enum)]
@@ -86,6 +141,7 @@ pub fn error_line(e: &anyhow::Error) -> String {
 #[derive(Debug, Subcommand)]
 pub enum LocalnetCommand {
     /// Print each new state, resuming with instance id and revision.
+    #[command(after_long_help = WATCH_HELP)]
     Watch(WatchArgs),
 }
 

@@ -9,7 +9,7 @@ use anyhow::Context;
 use crate::cli::{ClientArgs, DumpArgs, WatchArgs};
 use crate::config::DaemonFlags;
 use crate::datapath::ebpf::{self, EbpfDatapath};
-use crate::datapath::nft::NftDatapath;
+use crate::datapath::nft::{self, NftDatapath};
 use crate::datapath::{Datapath, DatapathConfig, Dump};
 use crate::localnet::client::{self, State};
 use crate::localnet::render::{render, OutputFormat};
@@ -94,7 +94,17 @@ pub async fn dump(args: DumpArgs, flags: &DaemonFlags) -> anyhow::Result<()> {
                 "---\n{}",
                 crate::yaml::to_string(&maps).context("encoding the dump")?
             ),
-            (Dump::Nftables(text), _) => text,
+            (Dump::Nftables(tables), OutputFormat::Text) => nft::render_tables(&tables),
+            (Dump::Nftables(tables), OutputFormat::Json) => {
+                serde_json::to_string(&serde_json::json!({ "nftables": tables }))
+                    .context("encoding the dump")?
+                    + "\n"
+            }
+            (Dump::Nftables(tables), OutputFormat::Yaml) => format!(
+                "---\n{}",
+                crate::yaml::to_string(&serde_json::json!({ "nftables": tables }))
+                    .context("encoding the dump")?
+            ),
         };
         let mut out = std::io::stdout().lock();
         return out

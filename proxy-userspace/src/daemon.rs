@@ -27,7 +27,7 @@ const SHUTDOWN_DELAY_ENV: &str = "EBPF_KUBE_PROXY_TEST_SHUTDOWN_DELAY";
 /// The configured source, ready to run.
 enum Source {
     File(file::ManifestDir),
-    Kube(kube::Client),
+    Kube(kube::Client, sources::kube::ApiServer),
 }
 
 pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()> {
@@ -38,13 +38,15 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
     // Everything that can fail on bad configuration fails before serving.
     let source = match &config.source {
         SourceConfig::File { dir } => Source::File(file::ManifestDir::open(dir)?),
-        SourceConfig::Kube { master } => Source::Kube(
-            sources::kube::client(config.kubeconfig.as_deref(), master.as_deref()).await?,
-        ),
+        SourceConfig::Kube { master } => {
+            let (client, server) =
+                sources::kube::client(config.kubeconfig.as_deref(), master.as_deref()).await?;
+            Source::Kube(client, server)
+        }
     };
     let service_events = match &source {
         Source::File(_) => crate::events::ServiceEvents::Log,
-        Source::Kube(client) => {
+        Source::Kube(client, _) => {
             crate::events::ServiceEvents::kube(client.clone(), &config.node_name)
         }
     };
@@ -127,8 +129,8 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
                 Source::File(manifests) => file::run(manifests, source_tx, cancel)
                     .await
                     .context("file source"),
-                Source::Kube(client) => {
-                    sources::kube::run(client, node_name, source_tx, cancel).await;
+                Source::Kube(client, server) => {
+                    sources::kube::run(client, server, node_name, source_tx, cancel).await;
                     Ok(())
                 }
             }

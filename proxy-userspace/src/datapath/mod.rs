@@ -122,7 +122,7 @@ pub enum Dump {
     /// The pinned eBPF maps, decoded.
     Ebpf(ebpf::dump::MapDump),
     /// The nftables tables, decoded per service.
-    Nftables(String),
+    Nftables(Vec<nft::TableDump>),
 }
 
 /// Which datapath runs, and why when it is not the one asked for.

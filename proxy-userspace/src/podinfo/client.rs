@@ -24,14 +24,36 @@ pub enum OutputFormat {
     Json,
 }
 
+const EXIT_STATUS: &str = "\
+Exit status: 0; 1 when the socket cannot be reached or the server answers
+with an error (its gRPC code and message are printed), e.g. NotFound for a
+pod not on this node, InvalidArgument for a name no pod can have,
+ResourceExhausted when the per-client rate limit (--podinfo-qps/-burst of
+the daemon) is hit.";
+
 #[derive(Debug, Subcommand)]
 pub enum PodInfoCommand {
     /// Print the pods of this node with their conditions.
+    #[command(after_long_help = list_help())]
     List(PodInfoArgs),
     /// Print one pod, by NAMESPACE/NAME or --uid.
+    #[command(after_long_help = get_help())]
     Get(PodInfoGetArgs),
     /// Print the pod list, then again after every change.
+    #[command(after_long_help = watch_help())]
     Watch(PodInfoArgs),
+}
+
+fn list_help() -> String {
+    format!("Examples:\n  ebpf-kube-proxy podinfo list\n  ebpf-kube-proxy podinfo list -o json --target unix:/run/ebpf-kube-proxy/podinfo.sock\n\n{EXIT_STATUS}")
+}
+
+fn get_help() -> String {
+    format!("Examples:\n  ebpf-kube-proxy podinfo get kube-system/etcd-node-1\n  ebpf-kube-proxy podinfo get --uid 6f1c0a4e-1b2c-4d5e-8f90-123456789abc -o json\n\n{EXIT_STATUS}")
+}
+
+fn watch_help() -> String {
+    format!("Examples:\n  ebpf-kube-proxy podinfo watch -o json\n\n{EXIT_STATUS}")
 }
 
 #[derive(Clone, Debug, Args)]

@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1 as core;
@@ -44,13 +45,49 @@ pub enum KubeSourceError {
     Client(String),
 }
 
+/// The API server a client talks to, for messages that must name it.
+#[derive(Clone, Debug)]
+pub struct ApiServer {
+    pub url: String,
+    /// The address came from the in-cluster environment
+    /// (`KUBERNETES_SERVICE_HOST`), not a kubeconfig or `--master`.
+    pub in_cluster: bool,
+}
+
+/// How long the start-up check waits for the API server to answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl ApiServer {
+    /// Asks the API server for its version once; when it cannot be reached
+    /// says so at error level, naming the address and the usual fix. The
+    /// watches keep retrying either way.
+    pub async fn probe(&self, client: &Client) {
+        let outcome = tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await;
+        let reason = match outcome {
+            Ok(Ok(v)) => {
+                tracing::info!(url = %self.url, version = %v.git_version, "API server reachable");
+                return;
+            }
+            Ok(Err(e)) => crate::datapath::ebpf::chain(&e),
+            Err(_) => format!("no answer within {PROBE_TIMEOUT:?}"),
+        };
+        let hint = if self.in_cluster {
+            "without kube-proxy the in-cluster address (KUBERNETES_SERVICE_HOST) is a ClusterIP that nothing serves yet: give the control plane's own address in the ebpf-kube-proxy-apiserver ConfigMap (deploy/apiserver.yaml), or --master/--kubeconfig"
+        } else {
+            "check --master/--kubeconfig and that this node can reach that address"
+        };
+        tracing::error!(url = %self.url, %reason, hint, "cannot reach the API server; retrying");
+    }
+}
+
 /// Builds the API client: `--kubeconfig` when given, else the in-cluster
 /// configuration (or `$KUBECONFIG` / `~/.kube/config`); `--master`
 /// overrides the server URL, as in kube-proxy.
 pub async fn client(
     kubeconfig: Option<&std::path::Path>,
     master: Option<&str>,
-) -> Result<Client, KubeSourceError> {
+) -> Result<(Client, ApiServer), KubeSourceError> {
+    let mut in_cluster = false;
     let mut config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
@@ -66,9 +103,12 @@ pub async fn client(
                     reason: e.to_string(),
                 })?
         }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| KubeSourceError::Config(e.to_string()))?,
+        None => {
+            in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+            kube::Config::infer()
+                .await
+                .map_err(|e| KubeSourceError::Config(e.to_string()))?
+        }
     };
     if let Some(url) = master.filter(|m| !m.is_empty()) {
         config.cluster_url =
@@ -77,8 +117,14 @@ pub async fn client(
                     url: url.to_owned(),
                     reason: e.to_string(),
                 })?;
+        in_cluster = false;
     }
-    Client::try_from(config).map_err(|e| KubeSourceError::Client(e.to_string()))
+    let server = ApiServer {
+        url: config.cluster_url.to_string(),
+        in_cluster,
+    };
+    let client = Client::try_from(config).map_err(|e| KubeSourceError::Client(e.to_string()))?;
+    Ok((client, server))
 }
 
 /// One watched resource, its events already converted to model objects.
@@ -191,8 +237,18 @@ fn pod(p: core::Pod) -> Result<Object, ObjectError> {
 pub const RESOURCES: [&str; 4] = ["services", "endpointslices", "nodes", "pods"];
 
 /// Runs the watches until `cancel`; returns when the consumer goes away.
-pub async fn run(client: Client, node_name: String, tx: SourceSender, cancel: CancellationToken) {
+pub async fn run(
+    client: Client,
+    server: ApiServer,
+    node_name: String,
+    tx: SourceSender,
+    cancel: CancellationToken,
+) {
     let (updates_tx, mut updates) = mpsc::channel::<Update>(256);
+    {
+        let (client, server, cancel) = (client.clone(), server.clone(), cancel.clone());
+        tokio::spawn(async move { cancel.run_until_cancelled(server.probe(&client)).await });
+    }
     let proxied = watcher::Config::default().labels(PROXY_LABEL_SELECTOR);
     // The watches end with `cancel`, and with this function (the set aborts
     // what is left when dropped).
@@ -295,7 +351,7 @@ pub async fn run(client: Client, node_name: String, tx: SourceSender, cancel: Ca
                     reason,
                     message,
                 } => {
-                    tracing::warn!(resource, reason, error = %message, "watch error; keeping the last state and retrying with backoff");
+                    tracing::warn!(resource, reason, url = %server.url, error = %message, "watch error; keeping the last state and retrying with backoff");
                     if stale.insert(resource) {
                         let msg = SourceMessage::ResourceStale {
                             resource,

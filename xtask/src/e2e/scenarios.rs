@@ -119,6 +119,10 @@ pub fn all() -> Vec<Scenario> {
             run: cleanup::kube_proxy_cleanup_flag,
         },
         Scenario {
+            name: "dump-json-reads-the-programmed-service-back",
+            run: cleanup::dump_json_shows_the_programmed_service,
+        },
+        Scenario {
             name: "bare-cleanup-for-a-daemon-on-default-paths",
             run: cleanup::with_no_flags,
         },

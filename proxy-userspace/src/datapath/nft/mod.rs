@@ -561,7 +561,7 @@ impl Datapath for NftDatapath {
         if !is_programmed() {
             return Ok(None);
         }
-        Ok(Some(Dump::Nftables(dump_text()?)))
+        Ok(Some(Dump::Nftables(dump_tables()?)))
     }
 
     fn cleanup(_: &DatapathConfig) -> Result<Vec<String>, DatapathError> {
@@ -680,8 +680,22 @@ pub fn cleanup() -> Result<Vec<&'static str>, NftError> {
 
 /// `dump`: both tables decoded per service: the map elements that
 /// dispatch to it and its chains, as `nft` prints them.
-pub fn dump_text() -> Result<String, NftError> {
-    let mut out = String::new();
+/// One table of ours, decoded per service for `dump`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TableDump {
+    /// `ip` or `ip6`.
+    pub family: &'static str,
+    pub table: &'static str,
+    /// Which mode runs, and why (the info chain's comment).
+    pub datapath: Option<String>,
+    /// `namespace/name` (or `(no endpoints)`) → its map elements and
+    /// chains, one line each as nft prints them.
+    pub services: BTreeMap<String, Vec<String>>,
+}
+
+/// The tables of ours in this network namespace, read back from the kernel.
+pub fn dump_tables() -> Result<Vec<TableDump>, NftError> {
+    let mut out = Vec::new();
     for f in Family::ALL {
         let Some(json_text) = nft_output(&["-j", "list", "table", f.nft(), TABLE])? else {
             continue;
@@ -706,25 +720,44 @@ pub fn dump_text() -> Result<String, NftError> {
                     per_service
                         .entry(service)
                         .or_default()
-                        .push(format!("  {name}: {} -> {target}", render_value(&elem[0])));
+                        .push(format!("{name}: {} -> {target}", render_value(&elem[0])));
                 }
             }
         }
         for (chain, lines) in chains_of_listing(&listing) {
             if let Some(service) = rules::service_of(&chain) {
                 let entry = per_service.entry(service).or_default();
-                entry.push(format!("  chain {chain}"));
-                entry.extend(lines.iter().map(|l| format!("    {l}")));
+                entry.push(format!("chain {chain}"));
+                entry.extend(lines.iter().map(|l| format!("  {l}")));
             }
         }
-        out.push_str(&format!("table {} {TABLE}\n", f.nft()));
-        if let Some(note) = info_of_listing(&listing) {
+        out.push(TableDump {
+            family: f.nft(),
+            table: TABLE,
+            datapath: info_of_listing(&listing),
+            services: per_service,
+        });
+    }
+    Ok(out)
+}
+
+/// `dump`'s text form of [`dump_tables`].
+pub fn dump_text() -> Result<String, NftError> {
+    Ok(render_tables(&dump_tables()?))
+}
+
+pub fn render_tables(tables: &[TableDump]) -> String {
+    let mut out = String::new();
+    for t in tables {
+        out.push_str(&format!("table {} {}\n", t.family, t.table));
+        if let Some(note) = &t.datapath {
             out.push_str(&format!("datapath: {note}\n"));
         }
-        for (service, lines) in per_service {
+        for (service, lines) in &t.services {
             out.push_str(&format!("service {service}\n"));
             for l in lines {
-                out.push_str(&l);
+                out.push_str("  ");
+                out.push_str(l);
                 out.push('\n');
             }
         }
@@ -732,7 +765,7 @@ pub fn dump_text() -> Result<String, NftError> {
     if out.is_empty() {
         out.push_str("no ebpf-kube-proxy nftables table in this network namespace\n");
     }
-    Ok(out)
+    out
 }
 
 /// The comment of the info chain: which mode runs, and why.

@@ -105,3 +105,46 @@ pub(super) fn with_no_flags(bed: &mut Bed) -> Result<()> {
     (bed.bpffs, bed.localnet_socket, bed.podinfo_socket) = saved;
     result.context("daemon on the default paths, bare `cleanup`")
 }
+
+/// `dump -o json` with the daemon's own arguments reads the programmed
+/// service back from the kernel as JSON, on either datapath.
+pub(super) fn dump_json_shows_the_programmed_service(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    apply_service(bed, &WEB, false, &three_pods())?;
+    wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
+    let args: Vec<OsString> = ["dump".into(), "-o".into(), "json".into()]
+        .into_iter()
+        .chain(bed.last_args.iter().cloned())
+        .collect();
+    let out = bed.run_in_node(&args)?;
+    let doc: serde_json::Value =
+        serde_json::from_str(out.trim()).with_context(|| format!("dump -o json: {out}"))?;
+    if bed.proxy_mode == "ebpf" {
+        let vips: Vec<String> = doc["services"]
+            .as_array()
+            .context("no services array")?
+            .iter()
+            .map(|s| format!("{}:{}", s["address"].as_str().unwrap_or(""), s["port"]))
+            .collect();
+        ensure!(
+            vips.contains(&"10.96.0.10:80".to_owned()),
+            "10.96.0.10:80 not in {vips:?}"
+        );
+    } else {
+        let tables = doc["nftables"].as_array().context("no nftables array")?;
+        let v4 = tables
+            .iter()
+            .find(|t| t["family"] == "ip")
+            .context("no ip table")?;
+        let lines = v4["services"]["e2e/web"]
+            .as_array()
+            .with_context(|| format!("no e2e/web in {v4}"))?;
+        ensure!(
+            lines
+                .iter()
+                .any(|l| l.as_str().is_some_and(|l| l.contains("10.96.0.10"))),
+            "e2e/web has no element for 10.96.0.10: {lines:?}"
+        );
+    }
+    Ok(())
+}
