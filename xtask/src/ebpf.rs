@@ -177,7 +177,7 @@ pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
         path.push(p);
     }
     let mut cmd = rustup();
-    cmd.args(["run", NIGHTLY, "cargo", "build", "--target", TARGET])
+    cmd.args(["run", NIGHTLY, "cargo", "build", "--locked", "--target", TARGET])
         .args(["-Z", "build-std=core"])
         .arg("--target-dir")
         .arg(crate::paths::target_dir(root))
