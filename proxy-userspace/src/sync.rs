@@ -75,7 +75,14 @@ pub fn run(
                 SourceMessage::Errors(errors) => {
                     for e in &errors {
                         status.source_error(e.reason_class());
+                        if let Some(reason) = e.reject_reason() {
+                            status.object_rejected(reason);
+                        }
                     }
+                }
+                SourceMessage::Rejected { reason } => {
+                    status.source_error(reason.as_str());
+                    status.object_rejected(reason);
                 }
                 SourceMessage::WatchError { reason, .. } => status.source_error(reason),
                 SourceMessage::ResourceStale { resource, stale } => {

@@ -204,3 +204,168 @@ async fn an_api_server_outage_keeps_the_state_and_recovers_without_restart() {
         d.log_text()
     );
 }
+
+/// The value of `ebpf_kube_proxy_rejected_objects_total` for `reason` on
+/// the kube source, once it is at least `min` (bounded wait: the counter
+/// moves a moment after the source logged the object).
+async fn rejected(d: &Daemon, reason: &str, min: f64) -> f64 {
+    let series =
+        format!("ebpf_kube_proxy_rejected_objects_total{{reason=\"{reason}\",source=\"kube\"}}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = common::get(d.metrics, "/metrics").text();
+        let v =
+            common::metric_value(&m, &series).unwrap_or_else(|| panic!("{series} missing in\n{m}"));
+        if v >= min || Instant::now() > deadline {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn cluster_ip(s: &State, name: &str) -> String {
+    let svc = s
+        .services
+        .iter()
+        .filter_map(|s| s.service.as_ref())
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("{name} missing: {:?}", names(s)));
+    svc.ips.as_ref().unwrap().cluster_ips.as_ref().unwrap().v4[0].clone()
+}
+
+/// Waits (bounded) until the daemon's log holds `needle`.
+async fn wait_log(d: &Daemon, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.log_text().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "{needle:?} not logged; log:\n{}",
+            d.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Forces a relist: while no watch is open, `during` writes to the API
+/// server, whose history is then compacted (every watch gets 410 Gone).
+fn relist_with(api: &FakeApiServer, during: impl FnOnce(&FakeApiServer)) {
+    api.set_down(true);
+    during(api);
+    api.compact();
+    api.set_down(false);
+}
+
+/// A fake API server holding node n1 and the ClusterIP services
+/// (name, address) of `default`, and the daemon on it with its first state.
+async fn start_with(services: &[(&str, &str)]) -> (FakeApiServer, Daemon, State) {
+    let api = FakeApiServer::start().await;
+    for (name, ip) in services {
+        api.apply(service("default", name, ip));
+    }
+    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let d = start(&api).await;
+    let s = wait_state(&d, 0, 0, Duration::from_secs(10), |_| true).await;
+    (api, d, s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relist_keeps_the_last_good_version_of_an_object_now_invalid() {
+    let (api, d, s) = start_with(&[("keep", "10.96.0.10"), ("gone", "10.96.0.11")]).await;
+    assert_eq!(names(&s), ["gone", "keep"]);
+
+    relist_with(&api, |api| {
+        // A new version the API server should have refused: a protocol
+        // no proxy knows, and another address.
+        let mut bad = service("default", "keep", "10.96.0.99");
+        bad["spec"]["ports"][0]["protocol"] = json!("ICMP");
+        api.apply(bad);
+        api.delete("Service", "default", "gone");
+        api.apply(service("default", "new", "10.96.0.12"));
+    });
+
+    let after = wait_state(&d, s.instance_id, s.rev, Duration::from_secs(10), |s| {
+        names(s).contains(&"new".to_owned())
+    })
+    .await;
+    assert_eq!(
+        names(&after),
+        ["keep", "new"],
+        "the relist's other changes land, the invalid object stays; log:\n{}",
+        d.log_text()
+    );
+    assert_eq!(
+        cluster_ip(&after, "keep"),
+        "10.96.0.10",
+        "last good version"
+    );
+    wait_log(&d, "Service default/keep: spec.ports[0].protocol").await;
+    assert_eq!(rejected(&d, "invalid_object", 1.0).await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_an_object_whose_current_version_is_invalid_removes_it() {
+    let (api, d, s) = start_with(&[("web", "10.96.0.10"), ("api", "10.96.0.11")]).await;
+    assert_eq!(names(&s), ["api", "web"]);
+    assert_eq!(
+        rejected(&d, "invalid_object", 0.0).await,
+        0.0,
+        "the series starts at 0"
+    );
+
+    let mut bad = service("default", "web", "10.96.0.10");
+    bad["spec"]["ports"][0]["port"] = json!(70000);
+    api.apply(bad);
+    wait_log(&d, "Service default/web: spec.ports[0].port: 70000").await;
+    assert_eq!(rejected(&d, "invalid_object", 1.0).await, 1.0);
+
+    api.delete("Service", "default", "web");
+    let after = wait_state(&d, s.instance_id, s.rev, Duration::from_secs(5), |s| {
+        names(s) == ["api"]
+    })
+    .await;
+    assert!(after.rev > s.rev);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_service_does_not_stall_the_others() {
+    let (api, d, s) = start_with(&[("web", "10.96.0.10")]).await;
+    assert_eq!(
+        rejected(&d, "undecodable", 0.0).await,
+        0.0,
+        "the series starts at 0"
+    );
+
+    // No typed client can read these: a port given as a string, a list
+    // given as a string.
+    let mut eighty = service("default", "bad", "10.96.0.20");
+    eighty["spec"]["ports"][0]["port"] = json!("eighty");
+    api.apply(eighty);
+    let mut scalar = service("default", "worse", "10.96.0.21");
+    scalar["spec"]["ports"] = json!("x");
+    api.apply(scalar);
+    api.apply(service("default", "after", "10.96.0.11"));
+    let s2 = wait_state(&d, s.instance_id, s.rev, Duration::from_secs(5), |s| {
+        names(s).contains(&"after".to_owned())
+    })
+    .await;
+    assert_eq!(names(&s2), ["after", "web"]);
+    wait_log(&d, "Service default/bad: ").await;
+    wait_log(&d, "Service default/worse: ").await;
+    let counted = rejected(&d, "undecodable", 2.0).await;
+    assert_eq!(counted, 2.0, "one each");
+
+    // A relist lists them again: it must not fail for every other object.
+    relist_with(&api, |api| {
+        api.apply(service("default", "later", "10.96.0.12"))
+    });
+    let s3 = wait_state(&d, s2.instance_id, s2.rev, Duration::from_secs(10), |s| {
+        names(s).contains(&"later".to_owned())
+    })
+    .await;
+    assert_eq!(names(&s3), ["after", "later", "web"]);
+    assert_eq!(
+        rejected(&d, "undecodable", 4.0).await,
+        4.0,
+        "once more each"
+    );
+}

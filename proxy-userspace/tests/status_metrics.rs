@@ -523,3 +523,43 @@ fn an_itp_local_service_with_only_remote_endpoints_counts_for_internal() {
     assert_eq!(metric_value(&m, &series("internal")), Some(1.0), "{m}");
     assert_eq!(metric_value(&m, &series("external")), Some(0.0), "{m}");
 }
+
+#[test]
+fn refused_manifest_objects_are_counted_by_reason_once_each() {
+    let d = start_web(&[]);
+    wait_ready(&d);
+    let series = |reason: &str| {
+        format!("ebpf_kube_proxy_rejected_objects_total{{reason=\"{reason}\",source=\"file\"}}")
+    };
+    let reasons = ["invalid_manifest", "invalid_object", "undecodable"];
+    let read = || {
+        let m = metrics_text(&d);
+        reasons.map(|r| {
+            metric_value(&m, &series(r)).unwrap_or_else(|| panic!("{} missing in\n{m}", series(r)))
+        })
+    };
+    assert_eq!(read(), [0.0; 3], "each series exists from the start");
+
+    write_atomic(
+        &d.manifest("b.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: [broken\n",
+    );
+    write_atomic(
+        &d.manifest("c.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: bad}\nspec: {ports: [{port: 70000}]}\n",
+    );
+    write_atomic(
+        &d.manifest("d.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: worse}\nspec: {ports: [{port: eighty}]}\n",
+    );
+    wait_for("three refusals counted", Duration::from_secs(5), || {
+        (read() == [1.0; 3]).then_some(())
+    });
+    // Counted per refused version, not per re-read of the directory.
+    write_atomic(
+        &d.manifest("e.yaml"),
+        &service("default", "api", "10.96.0.11"),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(read(), [1.0; 3]);
+}

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::objects::{decode_object, Decoded};
-use super::{SourceMessage, SourceSender};
+use super::{RejectReason, SourceMessage, SourceSender};
 use crate::model::{Change, ClusterState, Object};
 
 /// File extensions read as manifests.
@@ -52,6 +52,8 @@ pub enum ManifestError {
         item: Option<usize>,
         object: String,
         reason: String,
+        /// `InvalidObject` or `Undecodable`.
+        rejected: RejectReason,
     },
 }
 
@@ -62,6 +64,16 @@ impl ManifestError {
             ManifestError::Read { .. } => "read",
             ManifestError::Decode { .. } => "decode",
             ManifestError::Invalid { .. } => "invalid_object",
+        }
+    }
+
+    /// What a refused object counts under on `/metrics`; `None` for a file
+    /// that could not be read (no object in it was seen).
+    pub fn reject_reason(&self) -> Option<RejectReason> {
+        match self {
+            ManifestError::Read { .. } => None,
+            ManifestError::Decode { .. } => Some(RejectReason::InvalidManifest),
+            ManifestError::Invalid { rejected, .. } => Some(*rejected),
         }
     }
 }
@@ -121,6 +133,7 @@ pub fn parse_manifest(file: &Path, content: &str) -> Result<Vec<Object>, Vec<Man
                     item,
                     object,
                     reason: e.to_string(),
+                    rejected: e.reject_reason(),
                 }),
             }
         }

@@ -8,25 +8,34 @@
 //! sent once every resource has completed its first list. Watch errors are
 //! retried with kube-rs' default backoff (exponential with jitter); during an
 //! outage the last state keeps serving.
+//!
+//! Objects are read as raw JSON and checked one by one, so a bad object
+//! (one the API server should have refused, or one no typed client can
+//! decode) is refused alone, logged with its kind, namespace and name, and
+//! keeps its last good version, also across a relist; every other object of
+//! its resource keeps flowing. A delete needs only the name.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
-use kube::{Api, Client};
-use serde::de::DeserializeOwned;
+use kube::{Api, Client, Resource};
+use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::objects::{self, ObjectError};
-use super::{SourceMessage, SourceSender};
-use crate::model::{Change, Object, ObjectRef};
+use super::objects::{self, Decoded, ObjectError};
+use super::{RejectReason, SourceMessage, SourceSender};
+use crate::model::{Change, Object, ObjectKind, ObjectRef};
 
 /// Selector kube-proxy applies to Services and EndpointSlices: objects of
 /// another proxy and headless services' slices are never even listed.
@@ -127,16 +136,132 @@ pub async fn client(
     Ok((client, server))
 }
 
+/// An API object as the server sent it, whatever it holds. Decoding it
+/// never fails, so one object the typed client could not read (a port given
+/// as a string) cannot fail the list or the watch of every other object of
+/// its resource: each is checked on its own by [`objects::decode_object`],
+/// the check the file source uses. `K` names the resource (URL, apiVersion,
+/// kind).
+#[derive(Clone, Debug)]
+struct RawObject<K> {
+    /// What the watcher itself reads (the resourceVersion), and no more.
+    metadata: ObjectMeta,
+    value: serde_json::Value,
+    resource: PhantomData<fn() -> K>,
+}
+
+impl<'de, K> Deserialize<'de> for RawObject<K> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        let text = |field: &str| {
+            value
+                .get("metadata")
+                .and_then(|m| m.get(field))
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned)
+        };
+        let metadata = ObjectMeta {
+            name: text("name"),
+            namespace: text("namespace"),
+            resource_version: text("resourceVersion"),
+            ..ObjectMeta::default()
+        };
+        Ok(RawObject {
+            metadata,
+            value,
+            resource: PhantomData,
+        })
+    }
+}
+
+impl<K: Resource> Resource for RawObject<K> {
+    type DynamicType = K::DynamicType;
+    type Scope = K::Scope;
+    fn kind(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+    fn group(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::group(dt)
+    }
+    fn version(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::version(dt)
+    }
+    fn plural(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// An object of a watched resource that failed the checks.
+#[derive(Debug)]
+struct Rejection {
+    /// Its kind, namespace and name, when it has them.
+    object: Option<ObjectRef>,
+    error: ObjectError,
+}
+
+impl Rejection {
+    fn update(self, resource: &'static str) -> Update {
+        let Rejection { object, error } = self;
+        let object =
+            object.map_or_else(|| "an object without a name".to_owned(), |r| r.to_string());
+        Update::Rejected {
+            resource,
+            reason: error.reject_reason(),
+            message: format!("{object}: {error}"),
+        }
+    }
+}
+
+/// Checks one object of `K` (its kind in the model is `kind`) as the file
+/// source checks a manifest's objects.
+fn decode<K: Resource<DynamicType = ()>>(
+    kind: ObjectKind,
+    raw: RawObject<K>,
+) -> Result<Object, Rejection> {
+    let RawObject { mut value, .. } = raw;
+    let object = objects::object_ref(kind, &value).ok();
+    // List items come without apiVersion and kind: the collection says them.
+    if let serde_json::Value::Object(fields) = &mut value {
+        fields.insert("apiVersion".into(), K::api_version(&()).into());
+        fields.insert("kind".into(), K::kind(&()).into());
+    }
+    let error = match objects::decode_object(value) {
+        Ok(Decoded::Object(o)) => return Ok(*o),
+        Ok(Decoded::Ignored { api_version, kind }) => ObjectError {
+            field: "kind".to_owned(),
+            reason: format!("{api_version} {kind} is not a kind this resource holds"),
+            undecodable: true,
+        },
+        Err(e) => e,
+    };
+    Err(Rejection { object, error })
+}
+
 /// One watched resource, its events already converted to model objects.
 #[derive(Debug)]
 enum Update {
-    /// A complete (re)list: every object that exists now.
+    /// A complete (re)list: every valid object that exists now, and the
+    /// objects that exist but failed the checks (each keeps its last good
+    /// version: neither deleted nor changed).
     Relisted {
         resource: &'static str,
         objects: Vec<Object>,
+        kept: Vec<ObjectRef>,
     },
     Applied(Object),
     Deleted(ObjectRef),
+    /// An object that failed the checks; its last good version stays.
+    Rejected {
+        resource: &'static str,
+        reason: RejectReason,
+        message: String,
+    },
     Error {
         resource: &'static str,
         reason: &'static str,
@@ -144,20 +269,28 @@ enum Update {
     },
 }
 
+/// A (re)list being collected, from `Init` to `InitDone`.
+#[derive(Default)]
+struct Relist {
+    objects: Vec<Object>,
+    kept: Vec<ObjectRef>,
+}
+
 fn spawn_watch<K>(
     tasks: &mut JoinSet<()>,
     resource: &'static str,
-    api: Api<K>,
+    kind: ObjectKind,
     config: watcher::Config,
-    convert: fn(K) -> Result<Object, ObjectError>,
+    client: Client,
     out: mpsc::Sender<Update>,
     cancel: CancellationToken,
 ) where
-    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
 {
+    let api = Api::<RawObject<K>>::all(client);
     tasks.spawn(async move {
         let mut stream = watcher(api, config).default_backoff().boxed();
-        let mut buffer: Option<Vec<Object>> = None;
+        let mut relist: Option<Relist> = None;
         loop {
             let event = tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -168,30 +301,45 @@ fn spawn_watch<K>(
             };
             let update = match event {
                 Ok(Event::Init) => {
-                    buffer = Some(Vec::new());
+                    relist = Some(Relist::default());
                     continue;
                 }
-                Ok(Event::InitApply(k)) => {
-                    match (convert(k), buffer.as_mut()) {
-                        (Ok(o), Some(b)) => b.push(o),
+                Ok(Event::InitApply(raw)) => {
+                    match (decode(kind, raw), relist.as_mut()) {
+                        (Ok(o), Some(r)) => r.objects.push(o),
                         (Ok(_), None) => {}
-                        (Err(e), _) => {
-                            let _ = out.send(invalid(resource, e)).await;
+                        (Err(rejected), r) => {
+                            if let (Some(r), Some(object)) = (r, rejected.object.clone()) {
+                                r.kept.push(object);
+                            }
+                            if out.send(rejected.update(resource)).await.is_err() {
+                                return;
+                            }
                         }
                     }
                     continue;
                 }
-                Ok(Event::InitDone) => Update::Relisted {
-                    resource,
-                    objects: buffer.take().unwrap_or_default(),
-                },
-                Ok(Event::Apply(k)) => match convert(k) {
+                Ok(Event::InitDone) => {
+                    let Relist { objects, kept } = relist.take().unwrap_or_default();
+                    Update::Relisted {
+                        resource,
+                        objects,
+                        kept,
+                    }
+                }
+                Ok(Event::Apply(raw)) => match decode(kind, raw) {
                     Ok(o) => Update::Applied(o),
-                    Err(e) => invalid(resource, e),
+                    Err(rejected) => rejected.update(resource),
                 },
-                Ok(Event::Delete(k)) => match convert(k) {
-                    Ok(o) => Update::Deleted(o.object_ref()),
-                    Err(e) => invalid(resource, e),
+                // A delete needs the name only: the last version may well
+                // be one that failed the checks.
+                Ok(Event::Delete(raw)) => match objects::object_ref(kind, &raw.value) {
+                    Ok(r) => Update::Deleted(r),
+                    Err(error) => Rejection {
+                        object: None,
+                        error,
+                    }
+                    .update(resource),
                 },
                 Err(e) => {
                     let reason = match &e {
@@ -210,27 +358,6 @@ fn spawn_watch<K>(
             }
         }
     });
-}
-
-fn invalid(resource: &'static str, e: ObjectError) -> Update {
-    Update::Error {
-        resource,
-        reason: "invalid_object",
-        message: e.to_string(),
-    }
-}
-
-fn service(s: core::Service) -> Result<Object, ObjectError> {
-    objects::service(s).map(|s| Object::Service(Box::new(s)))
-}
-fn endpoint_slice(s: discovery::EndpointSlice) -> Result<Object, ObjectError> {
-    objects::endpoint_slice(s).map(Object::EndpointSlice)
-}
-fn node(n: core::Node) -> Result<Object, ObjectError> {
-    objects::node(n).map(Object::Node)
-}
-fn pod(p: core::Pod) -> Result<Object, ObjectError> {
-    objects::pod(p).map(Object::Pod)
 }
 
 /// The resources watched, in the order their sync is reported.
@@ -253,39 +380,39 @@ pub async fn run(
     // The watches end with `cancel`, and with this function (the set aborts
     // what is left when dropped).
     let mut watches = JoinSet::new();
-    spawn_watch(
+    spawn_watch::<core::Service>(
         &mut watches,
         "services",
-        Api::<core::Service>::all(client.clone()),
+        ObjectKind::Service,
         proxied.clone(),
-        service,
+        client.clone(),
         updates_tx.clone(),
         cancel.clone(),
     );
-    spawn_watch(
+    spawn_watch::<discovery::EndpointSlice>(
         &mut watches,
         "endpointslices",
-        Api::<discovery::EndpointSlice>::all(client.clone()),
+        ObjectKind::EndpointSlice,
         proxied,
-        endpoint_slice,
+        client.clone(),
         updates_tx.clone(),
         cancel.clone(),
     );
-    spawn_watch(
+    spawn_watch::<core::Node>(
         &mut watches,
         "nodes",
-        Api::<core::Node>::all(client.clone()),
+        ObjectKind::Node,
         watcher::Config::default().fields(&format!("metadata.name={node_name}")),
-        node,
+        client.clone(),
         updates_tx.clone(),
         cancel.clone(),
     );
-    spawn_watch(
+    spawn_watch::<core::Pod>(
         &mut watches,
         "pods",
-        Api::<core::Pod>::all(client),
+        ObjectKind::Pod,
         watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),
-        pod,
+        client,
         updates_tx,
         cancel.clone(),
     );
@@ -306,7 +433,9 @@ pub async fn run(
         let mut next = Some(first);
         while let Some(update) = next.take() {
             let delivered = match &update {
-                Update::Relisted { resource, .. } => Some(*resource),
+                Update::Relisted { resource, .. } | Update::Rejected { resource, .. } => {
+                    Some(*resource)
+                }
                 Update::Applied(o) => Some(resource_of(o)),
                 Update::Deleted(r) => Some(resource_of_ref(r)),
                 Update::Error { .. } => None,
@@ -322,8 +451,15 @@ pub async fn run(
                 }
             }
             match update {
-                Update::Relisted { resource, objects } => {
-                    let now: BTreeSet<ObjectRef> = objects.iter().map(Object::object_ref).collect();
+                Update::Relisted {
+                    resource,
+                    objects,
+                    kept,
+                } => {
+                    // A rejected object still exists: it keeps its last
+                    // good version, so it is not among the vanished.
+                    let now: BTreeSet<ObjectRef> =
+                        objects.iter().map(Object::object_ref).chain(kept).collect();
                     let before = known.insert(resource, now.clone()).unwrap_or_default();
                     changes.extend(before.difference(&now).cloned().map(Change::Delete));
                     changes.extend(objects.into_iter().map(Change::Upsert));
@@ -345,6 +481,16 @@ pub async fn run(
                         set.remove(&r);
                     }
                     changes.push(Change::Delete(r));
+                }
+                Update::Rejected {
+                    resource,
+                    reason,
+                    message,
+                } => {
+                    tracing::warn!(resource, reason = reason.as_str(), error = %message, "object rejected; keeping its last good version");
+                    if tx.send(SourceMessage::Rejected { reason }).await.is_err() {
+                        return;
+                    }
                 }
                 Update::Error {
                     resource,
@@ -396,11 +542,73 @@ fn resource_of(o: &Object) -> &'static str {
 }
 
 fn resource_of_ref(r: &ObjectRef) -> &'static str {
-    use crate::model::ObjectKind;
     match r.kind {
         ObjectKind::Service => "services",
         ObjectKind::EndpointSlice => "endpointslices",
         ObjectKind::Node => "nodes",
         ObjectKind::Pod => "pods",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn raw<K>(v: serde_json::Value) -> RawObject<K> {
+        serde_json::from_value(v).expect("a raw object decodes from any JSON")
+    }
+
+    #[test]
+    fn a_list_item_without_kind_decodes_as_its_collection_kind() {
+        let item = json!({"metadata": {"name": "web", "namespace": "prod", "resourceVersion": "7"},
+                          "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}});
+        let raw = raw::<core::Service>(item);
+        assert_eq!(raw.meta().resource_version.as_deref(), Some("7"));
+        let o = decode(ObjectKind::Service, raw).unwrap();
+        assert_eq!(o.object_ref().to_string(), "Service prod/web");
+    }
+
+    #[test]
+    fn a_rejected_object_is_named_in_its_message() {
+        let cases = [
+            (
+                json!({"metadata": {"name": "bad"}, "spec": {"ports": [{"port": "eighty"}]}}),
+                RejectReason::Undecodable,
+                "Service default/bad: object: ",
+            ),
+            (
+                json!({"metadata": {"name": "bad"}, "spec": {"ports": "x"}}),
+                RejectReason::Undecodable,
+                "Service default/bad: object: ",
+            ),
+            (
+                json!({"metadata": {"name": "bad", "namespace": "p"}, "spec": {"ports": [{"port": 70000}]}}),
+                RejectReason::InvalidObject,
+                "Service p/bad: spec.ports[0].port: 70000 is not a valid port number",
+            ),
+            (
+                json!({"metadata": {"name": 5}, "spec": {}}),
+                RejectReason::Undecodable,
+                "an object without a name: object: ",
+            ),
+            (
+                json!("not an object"),
+                RejectReason::InvalidObject,
+                "an object without a name: ",
+            ),
+        ];
+        for (v, want_reason, want_message) in cases {
+            let rejected =
+                decode(ObjectKind::Service, raw::<core::Service>(v.clone())).unwrap_err();
+            let Update::Rejected {
+                reason, message, ..
+            } = rejected.update("services")
+            else {
+                panic!("{v}: not a rejection");
+            };
+            assert_eq!(reason, want_reason, "{v}: {message}");
+            assert!(message.starts_with(want_message), "{v}: {message}");
+        }
     }
 }

@@ -18,9 +18,12 @@ pub enum SourceMessage {
     Synced,
     /// Manifests or objects that were rejected (the last good state stays).
     Errors(Vec<file::ManifestError>),
-    /// A watch failed or delivered an invalid object; the last good state
-    /// stays and the watch is retried with backoff. `reason` is one of
-    /// `watch`, `relist_410`, `invalid_object`.
+    /// An object was refused (logged by the source, naming it); its last
+    /// good version stays. The file source reports its refusals as
+    /// [`SourceMessage::Errors`].
+    Rejected { reason: RejectReason },
+    /// A watch failed; the last good state stays and the watch is retried
+    /// with backoff. `reason` is `watch` or `relist_410`.
     WatchError {
         resource: &'static str,
         reason: &'static str,
@@ -29,6 +32,44 @@ pub enum SourceMessage {
     /// A resource's watch failed (`stale: true`) or delivered again after a
     /// failure (`stale: false`).
     ResourceStale { resource: &'static str, stale: bool },
+}
+
+/// Why a source refused an object: the `reason` label of
+/// `ebpf_kube_proxy_rejected_objects_total` (its help text lists them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RejectReason {
+    /// Well-formed, but a value the API server would refuse (a port out of
+    /// range, an address that is not one, an unknown protocol).
+    InvalidObject,
+    /// Not even of its kind's shape: a field of the wrong JSON type (a port
+    /// given as a string, a list given as a scalar).
+    Undecodable,
+    /// A manifest document that is not YAML or JSON, or not a mapping: no
+    /// object in it can be told apart (file source only).
+    InvalidManifest,
+}
+
+impl RejectReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::InvalidObject => "invalid_object",
+            RejectReason::Undecodable => "undecodable",
+            RejectReason::InvalidManifest => "invalid_manifest",
+        }
+    }
+
+    /// The reasons `source` (`file`, `kube`) can report, so that each
+    /// series exists from the start at 0.
+    pub fn of_source(source: &str) -> &'static [RejectReason] {
+        match source {
+            "file" => &[
+                RejectReason::InvalidObject,
+                RejectReason::Undecodable,
+                RejectReason::InvalidManifest,
+            ],
+            _ => &[RejectReason::InvalidObject, RejectReason::Undecodable],
+        }
+    }
 }
 
 pub type SourceSender = mpsc::Sender<SourceMessage>;

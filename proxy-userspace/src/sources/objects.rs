@@ -10,10 +10,12 @@ use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::RejectReason;
 use crate::model::{
     AddressType, ConditionStatus, Endpoint, EndpointSlice, EndpointSlicePort, LoadBalancerIngress,
-    Node, Object, ObjectKey, Pod, PodCondition, Protocol, Service, ServicePort, ServiceType,
-    TargetPort, TargetRef, Timestamp, TrafficPolicy, DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+    Node, Object, ObjectKey, ObjectKind, ObjectRef, Pod, PodCondition, Protocol, Service,
+    ServicePort, ServiceType, TargetPort, TargetRef, Timestamp, TrafficPolicy,
+    DEFAULT_AFFINITY_TIMEOUT_SECONDS,
 };
 use crate::net::Cidr;
 
@@ -30,12 +32,28 @@ pub const ANNOTATION_CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
 pub struct ObjectError {
     pub field: String,
     pub reason: String,
+    /// The object does not even have the shape of its kind (a field of the
+    /// wrong JSON type, which no API server would store), as opposed to a
+    /// well-formed object with a value the proxy refuses.
+    pub undecodable: bool,
+}
+
+impl ObjectError {
+    /// The `reason` this rejection counts under on `/metrics`.
+    pub fn reject_reason(&self) -> RejectReason {
+        if self.undecodable {
+            RejectReason::Undecodable
+        } else {
+            RejectReason::InvalidObject
+        }
+    }
 }
 
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ObjectError {
     ObjectError {
         field: field.into(),
         reason: reason.into(),
+        undecodable: false,
     }
 }
 
@@ -56,7 +74,10 @@ pub fn decode_object(value: serde_json::Value) -> Result<Decoded, ObjectError> {
     let api_version = str_field(&value, "apiVersion")?;
     let kind = str_field(&value, "kind")?;
     fn typed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, ObjectError> {
-        serde_json::from_value(v).map_err(|e| invalid("object", e.to_string()))
+        serde_json::from_value(v).map_err(|e| ObjectError {
+            undecodable: true,
+            ..invalid("object", e.to_string())
+        })
     }
     let object = match (api_version.as_str(), kind.as_str()) {
         ("v1", "Service") => Object::Service(Box::new(service(typed(value)?)?)),
@@ -74,6 +95,30 @@ pub fn decode_object(value: serde_json::Value) -> Result<Decoded, ObjectError> {
         _ => return Ok(Decoded::Ignored { api_version, kind }),
     };
     Ok(Decoded::Object(Box::new(object)))
+}
+
+/// The kind, namespace and name of a raw object of `kind`, keyed as the
+/// model keys the validated object (a missing namespace is `default`, a
+/// Node has none): all a delete needs, whatever the rest of the object
+/// holds.
+pub fn object_ref(kind: ObjectKind, value: &serde_json::Value) -> Result<ObjectRef, ObjectError> {
+    let text = |p: &str| {
+        value
+            .pointer(p)
+            .and_then(serde_json::Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    let name = text("/metadata/name").ok_or_else(|| invalid("metadata.name", "is required"))?;
+    let namespace = match kind {
+        ObjectKind::Node => "",
+        ObjectKind::Service | ObjectKind::EndpointSlice | ObjectKind::Pod => {
+            text("/metadata/namespace").unwrap_or("default")
+        }
+    };
+    Ok(ObjectRef {
+        kind,
+        key: ObjectKey::new(namespace, name),
+    })
 }
 
 fn str_field(value: &serde_json::Value, name: &str) -> Result<String, ObjectError> {
@@ -606,6 +651,43 @@ mod tests {
             let err = decode(doc.clone()).unwrap_err();
             assert_eq!(err.field, field, "{doc}: {err}");
         }
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_type_is_undecodable_and_a_bad_value_invalid() {
+        let svc = |port: serde_json::Value| {
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
+                   "spec": {"ports": [{"port": port}]}})
+        };
+        let err = decode(svc(json!("eighty"))).unwrap_err();
+        assert_eq!(err.reject_reason(), RejectReason::Undecodable, "{err}");
+        let err = decode(svc(json!(0))).unwrap_err();
+        assert_eq!(err.reject_reason(), RejectReason::InvalidObject, "{err}");
+    }
+
+    #[test]
+    fn the_ref_of_a_raw_object_is_the_ref_of_the_decoded_one() {
+        let objects = [
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"}, "spec": {}}),
+            json!({"apiVersion": "v1", "kind": "Service",
+                   "metadata": {"name": "a", "namespace": "prod"}, "spec": {}}),
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                   "metadata": {"name": "s", "namespace": "prod"}, "addressType": "IPv4"}),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}),
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "x"}}),
+        ];
+        for v in objects {
+            let decoded = decode(v.clone()).unwrap().object_ref();
+            assert_eq!(object_ref(decoded.kind, &v).unwrap(), decoded, "{v}");
+        }
+        // Whatever else the object holds.
+        let bad = json!({"metadata": {"name": "a", "namespace": "prod"}, "spec": "x"});
+        assert_eq!(
+            object_ref(ObjectKind::Service, &bad).unwrap().to_string(),
+            "Service prod/a"
+        );
+        let err = object_ref(ObjectKind::Service, &json!({"metadata": {}})).unwrap_err();
+        assert_eq!(err.field, "metadata.name");
     }
 
     #[test]

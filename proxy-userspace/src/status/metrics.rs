@@ -53,6 +53,7 @@ pub struct Metrics {
     pub localstate_endpoints: IntGauge,
     pub source_synced: IntGaugeVec,
     pub source_errors: IntCounterVec,
+    pub rejected_objects: IntCounterVec,
 }
 
 fn register<C: Collector + Clone + 'static>(
@@ -303,6 +304,16 @@ impl Metrics {
                 &["source", "reason"],
             )?,
         )?;
+        let rejected_objects = register(
+            r,
+            IntCounterVec::new(
+                Opts::new(
+                    "ebpf_kube_proxy_rejected_objects_total",
+                    alpha("Objects a source refused, each keeping its last good version, by reason: invalid_object (a value the API server would refuse), undecodable (a field of the wrong type), invalid_manifest (a manifest document that is not YAML/JSON or not a mapping)"),
+                ),
+                &["source", "reason"],
+            )?,
+        )?;
 
         #[cfg(target_os = "linux")]
         registry.register(Box::new(
@@ -336,6 +347,7 @@ impl Metrics {
             localstate_endpoints,
             source_synced,
             source_errors,
+            rejected_objects,
         })
     }
 

@@ -140,6 +140,11 @@ impl Status {
                 .with_label_values(&[options.source, resource])
                 .set(0);
         }
+        for reason in crate::sources::RejectReason::of_source(options.source) {
+            metrics
+                .rejected_objects
+                .with_label_values(&[options.source, reason.as_str()]);
+        }
         let flagz_text = zpages::flagz_text(&options.flags, zpages::random_delimiter());
         Ok(Status {
             started,
@@ -280,6 +285,14 @@ impl Status {
         self.metrics
             .source_errors
             .with_label_values(&[self.options.source, reason])
+            .inc();
+    }
+
+    /// The source refused one object (its last good version stays).
+    pub fn object_rejected(&self, reason: crate::sources::RejectReason) {
+        self.metrics
+            .rejected_objects
+            .with_label_values(&[self.options.source, reason.as_str()])
             .inc();
     }
 
