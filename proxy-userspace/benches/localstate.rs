@@ -66,7 +66,11 @@ fn main() {
         let shutdown = CancellationToken::new();
         let listeners = Listeners::bind(None, Some(&socket)).await.expect("bind");
         let service = LocalnetService::new(1, rx, shutdown.clone()).await;
-        let server = tokio::spawn(listeners.serve(service, shutdown.clone()));
+        let server = tokio::spawn(listeners.serve(
+            service,
+            ebpf_kube_proxy::grpc_unix::limits::GrpcLimits::default(),
+            shutdown.clone(),
+        ));
         tx.send_replace(Arc::new(Snapshot {
             rev: 1,
             state: state.clone(),

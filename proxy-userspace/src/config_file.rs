@@ -96,7 +96,19 @@ pub fn merge(
         file: file.clone(),
         reason: e.to_string(),
     })?;
-    let doc: Value = crate::yaml::from_str(&text).map_err(|e| ConfigFileError::Read {
+    merge_str(flags, &text, &file, from_command_line)
+}
+
+/// [`merge`] of a configuration already read: `text` is the file's content,
+/// `file` its name for messages. The entry fuzz/ drives.
+pub fn merge_str(
+    flags: &mut DaemonFlags,
+    text: &str,
+    file: &str,
+    from_command_line: impl Fn(&str) -> bool,
+) -> Result<(), ConfigFileError> {
+    let file = file.to_owned();
+    let doc: Value = crate::yaml::from_str(text).map_err(|e| ConfigFileError::Read {
         file: file.clone(),
         reason: e.to_string(),
     })?;

@@ -67,3 +67,57 @@ fn an_idle_daemon_on_the_file_source_stays_idle() {
         "the idle daemon used {used} ticks of CPU in 3 s"
     );
 }
+
+/// The manifest directory deleted and created again (a re-provisioned host
+/// path, `kubectl cp` of a whole directory): its new content is picked up
+/// at once, not at the next 5 s safety-net rescan, and the services kept
+/// serving meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_manifest_directory_is_watched_again() {
+    use ebpf_kube_proxy::localnet::client;
+    use std::time::Instant;
+
+    let d = Daemon::start(&[("a.yaml", &service("default", "one", "10.96.0.1"))]);
+    let mut c = d.unix().await;
+    let first = client::next(&mut c, 0, 0).await.unwrap();
+    assert_eq!(first.services.len(), 1);
+
+    let dir = d.dir.path().join("manifests");
+    std::fs::remove_dir_all(&dir).unwrap();
+    // Let the removal be seen (and the watch die) before the new one.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::create_dir(&dir).unwrap();
+    // The directory gone, the last good state keeps serving.
+    let still = tokio::time::timeout(Duration::from_millis(500), client::next(&mut c, 0, 0))
+        .await
+        .expect("the state is still served")
+        .unwrap();
+    assert_eq!(still.services.len(), 1);
+
+    // Twice: the first write goes to a directory whose watch had to be
+    // re-established, the second checks that the new watch keeps working.
+    let mut rev = first.rev;
+    for (i, name) in ["two", "three"].into_iter().enumerate() {
+        let content = format!(
+            "{}---\n{}",
+            service("default", "one", "10.96.0.1"),
+            service("default", name, &format!("10.96.0.{}", i + 2))
+        );
+        let written = Instant::now();
+        common::write_atomic(&dir.join("a.yaml"), &content);
+        let next = tokio::time::timeout(
+            Duration::from_secs(10),
+            client::next(&mut c, first.instance_id, rev),
+        )
+        .await
+        .expect("a new revision")
+        .unwrap();
+        let took = written.elapsed();
+        assert_eq!(next.services.len(), 2, "{next:?}");
+        assert!(
+            took < Duration::from_secs(2),
+            "the change in the re-created directory took {took:?}: it waited for the periodic rescan"
+        );
+        rev = next.rev;
+    }
+}

@@ -352,6 +352,29 @@ async fn a_malformed_manifest_keeps_the_last_good_state_until_fixed() {
     );
 }
 
+/// `--socket-group`: both sockets belong to that group, mode 0660, never
+/// world-accessible.
+#[test]
+fn sockets_belong_to_the_socket_group_and_no_one_else() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!("skipped: chown to another group needs root");
+        return;
+    }
+    let d = Daemon::start_in(tempfile_with(&two_services()), &["--socket-group=4242"]);
+    for path in [d.socket.clone(), d.dir.path().join("run/podinfo.sock")] {
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.gid(), 4242, "{}", path.display());
+        assert_eq!(
+            meta.permissions().mode() & 0o777,
+            0o660,
+            "{}",
+            path.display()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_ends_waiting_calls_and_removes_the_socket() {
     use std::os::unix::fs::PermissionsExt;
@@ -458,6 +481,15 @@ fn startup_errors_name_the_cause() {
             ],
             "--cluster-cidr",
         ),
+        (
+            vec![
+                "--manifests".into(),
+                "/x".into(),
+                "--socket-group".into(),
+                "no-such-group-here".into(),
+            ],
+            "--socket-group \"no-such-group-here\": no such group",
+        ),
     ];
     for (args, expected) in cases {
         let out = std::process::Command::new(BIN)
@@ -478,5 +510,151 @@ fn startup_errors_name_the_cause() {
             stderr.contains(expected),
             "{args:?}: expected {expected:?} in:\n{stderr}"
         );
+    }
+}
+
+/// A cluster of `services` services with `endpoints` endpoints each; the
+/// first service's first endpoint is `10.200.0.<variant>`, so each variant
+/// is a new revision.
+fn big_cluster(services: usize, endpoints: usize, variant: u8) -> String {
+    let mut out = String::new();
+    for s in 0..services {
+        let name = format!("svc-{s}");
+        let ip = format!("10.96.{}.{}", s / 250, s % 250 + 1);
+        out.push_str(&service("big", &name, &ip));
+        out.push_str("---\n");
+        let ips: Vec<String> = (0..endpoints)
+            .map(|e| match (s, e) {
+                (0, 0) => format!("10.200.0.{variant}"),
+                _ => format!("10.{}.{}.{}", 100 + s / 250, s % 250, e + 1),
+            })
+            .collect();
+        let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
+        out.push_str(&slice("big", &name, &ips));
+        out.push_str("---\n");
+    }
+    out
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Watchers that never read cost a bounded amount each (a few events, not
+/// whole states per revision), and do not hold back a watcher that reads:
+/// a slow reader is not buffered for; it gets the newest revision when it
+/// reads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchers_that_never_read_cost_bounded_memory_and_block_no_one() {
+    const SERVICES: usize = 400;
+    const ENDPOINTS: usize = 25;
+    let d = start(&[("big.yaml", big_cluster(SERVICES, ENDPOINTS, 1))]);
+    let mut reader = d.tcp().await;
+    let first = client::next(&mut reader, 0, 0).await.unwrap();
+    assert_eq!(first.services.len(), SERVICES);
+
+    // 20 watchers on their own connections, none of which ever reads.
+    let mut stuck = Vec::new();
+    for _ in 0..20 {
+        let mut c = d.tcp().await;
+        let s = c
+            .watch(pb::WatchRequest {
+                instance_id: 0,
+                rev: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        stuck.push((c, s));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = rss_kib(d.pid());
+    let mut rev = first.rev;
+    for variant in 2..12u8 {
+        write_atomic(
+            &d.manifest("big.yaml"),
+            &big_cluster(SERVICES, ENDPOINTS, variant),
+        );
+        let next = tokio::time::timeout(
+            Duration::from_secs(20),
+            client::next(&mut reader, first.instance_id, rev),
+        )
+        .await
+        .expect("a reading client is not held back by stuck watchers")
+        .unwrap();
+        assert!(next.rev > rev);
+        rev = next.rev;
+    }
+    let after = rss_kib(d.pid());
+    let grown_mib = after.saturating_sub(before) / 1024;
+    assert!(
+        grown_mib < 64,
+        "20 stuck watchers over 10 revisions grew the daemon by {grown_mib} MiB ({before} → {after} KiB)"
+    );
+    // A stuck watcher that reads again gets what its flow-control window
+    // already held, then the newest revision: not every one it missed.
+    let (_, mut s) = stuck.pop().unwrap();
+    let mut revs = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while revs.last() != Some(&rev) && Instant::now() < deadline {
+        revs.push(read_frame(&mut s).await.0);
+    }
+    assert_eq!(revs.last(), Some(&rev), "{revs:?}");
+    assert!(
+        revs.len() < (rev - first.rev + 1) as usize,
+        "every missed revision was replayed: {revs:?}"
+    );
+}
+
+/// `--grpc-max-connections`: connections over the cap are closed as they
+/// are accepted, and the slot is free again once a client leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_limit_are_closed_and_slots_come_back() {
+    let dir = tempfile_with(&two_services());
+    let d = Daemon::start_in(dir, &["--grpc-max-connections=3"]);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut c = d.unix().await;
+        let s = c
+            .watch(pb::WatchRequest {
+                instance_id: 0,
+                rev: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        held.push((c, s));
+    }
+    // The fourth is refused; tonic connects lazily, so the call fails.
+    let refused = tokio::time::timeout(Duration::from_secs(5), async {
+        match client::connect(&client::Target::Unix(d.socket.clone())).await {
+            Ok(mut c) => client::next(&mut c, 0, 0).await.is_err(),
+            Err(_) => true,
+        }
+    })
+    .await
+    .unwrap();
+    assert!(refused, "a fourth connection was served");
+    assert!(
+        d.log_text().contains("gRPC connection limit reached"),
+        "{}",
+        d.log_text()
+    );
+    held.pop();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let c = client::connect(&client::Target::Unix(d.socket.clone())).await;
+        if let Ok(mut c) = c {
+            if client::next(&mut c, 0, 0).await.is_ok() {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the freed slot never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -22,7 +22,11 @@ async fn nothing_is_returned_before_the_source_has_synced() {
         .unwrap();
     let addr = listeners.tcp_addr().unwrap();
     let service = LocalnetService::new(7, rx, shutdown.clone()).await;
-    let server = tokio::spawn(listeners.serve(service, shutdown.clone()));
+    let server = tokio::spawn(listeners.serve(
+        service,
+        ebpf_kube_proxy::grpc_unix::limits::GrpcLimits::default(),
+        shutdown.clone(),
+    ));
 
     let mut c = client::connect(&Target::Tcp(addr.to_string()))
         .await

@@ -117,6 +117,32 @@ pub struct DaemonFlags {
     #[arg(global = true, long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub podinfo_burst: u32,
 
+    /// Group (name or number) that owns the unix sockets, which are mode
+    /// 0660: members may call the APIs, others may not. Empty: the
+    /// daemon's own group.
+    #[arg(global = true, long, value_name = "GROUP", default_value = "")]
+    pub socket_group: String,
+
+    /// Connections each gRPC listener (localnet TCP, localnet and PodInfo
+    /// unix sockets) keeps open at once; more are closed on accept.
+    #[arg(global = true, long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_connections: u32,
+
+    /// Concurrent calls (HTTP/2 streams) per gRPC connection.
+    #[arg(global = true, long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_streams: u32,
+
+    /// Connections each HTTP server (metrics/status, health) keeps open at
+    /// once; more are closed on accept.
+    #[arg(global = true, long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub http_max_connections: u32,
+
+    /// Time an HTTP client has to send a request's headers (also between
+    /// requests on a kept-alive connection) before it is disconnected.
+    #[arg(global = true, long, value_name = "DURATION", default_value = "10s")]
+    #[serde(serialize_with = "go_duration")]
+    pub http_read_timeout: String,
+
     /// bpffs directory for pinned maps and links.
     #[arg(global = true, long, value_name = "DIR", default_value = DEFAULT_BPFFS_ROOT)]
     pub bpffs_root: PathBuf,

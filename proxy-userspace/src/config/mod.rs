@@ -60,6 +60,12 @@ pub struct Config {
     pub nodeport_addresses: Vec<Cidr>,
     /// `--masquerade-all` (nftables).
     pub masquerade_all: bool,
+    /// `--http-max-connections`, `--http-read-timeout`.
+    pub http_limits: crate::status::HttpLimits,
+    /// `--socket-group`, resolved to a group id.
+    pub socket_group: Option<u32>,
+    /// `--grpc-max-connections`, `--grpc-max-streams`.
+    pub grpc_limits: crate::grpc_unix::limits::GrpcLimits,
     pub verbosity: u8,
     /// Every flag with its effective value as `/flagz` shows it (sensitive
     /// values already redacted).
@@ -157,6 +163,19 @@ impl Config {
         };
         let sync_period =
             parse_duration(&f.sync_period).map_err(|r| err("sync-period", &f.sync_period, r))?;
+        let socket_group = match f.socket_group.trim() {
+            "" => None,
+            g => Some(group_id(g).ok_or_else(|| err("socket-group", g, "no such group"))?),
+        };
+        let http_read_timeout = parse_duration(&f.http_read_timeout)
+            .map_err(|r| err("http-read-timeout", &f.http_read_timeout, r))?;
+        if http_read_timeout.is_zero() {
+            return Err(err(
+                "http-read-timeout",
+                &f.http_read_timeout,
+                "must be greater than 0",
+            ));
+        }
         if sync_period.is_zero() {
             return Err(err("sync-period", &f.sync_period, "must be greater than 0"));
         }
@@ -182,9 +201,32 @@ impl Config {
             sync_period,
             nodeport_addresses,
             masquerade_all: f.masquerade_all,
+            http_limits: crate::status::HttpLimits {
+                max_connections: f.http_max_connections as usize,
+                read_timeout: http_read_timeout,
+            },
+            socket_group,
+            grpc_limits: crate::grpc_unix::limits::GrpcLimits {
+                max_connections: f.grpc_max_connections as usize,
+                max_streams: f.grpc_max_streams,
+            },
             verbosity: f.verbosity,
             flags: f.clone(),
         })
+    }
+}
+
+/// A group's id from its number or its name (the system's group database).
+fn group_id(group: &str) -> Option<u32> {
+    if let Ok(gid) = group.parse() {
+        return Some(gid);
+    }
+    let name = std::ffi::CString::new(group).ok()?;
+    // SAFETY: getgrnam with a valid C string; the entry is read at once,
+    // before any other call could reuse its static storage.
+    unsafe {
+        let entry = libc::getgrnam(name.as_ptr());
+        (!entry.is_null()).then(|| (*entry).gr_gid)
     }
 }
 

@@ -115,7 +115,8 @@ impl Default for Rewriter {
 
 impl Rewriter {
     /// Consumes `input` and appends what the server should read to `out`.
-    /// Incomplete frames are kept until the rest arrives.
+    /// Incomplete frames are kept until the rest arrives. The entry fuzz/
+    /// drives.
     pub fn push(&mut self, mut input: &[u8], out: &mut Vec<u8>) -> Result<(), RewriteError> {
         loop {
             match self.state {

@@ -5,6 +5,7 @@
 //! see [`authority`]).
 
 pub mod authority;
+pub mod limits;
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -73,6 +74,12 @@ pub fn bind_unix(path: &Path) -> io::Result<UnixListener> {
     let l = UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     Ok(l)
+}
+
+/// Gives the socket file to group `gid` (`--socket-group`); its mode stays
+/// 0660, so the group's members may connect and nobody else may.
+pub fn set_group(path: &Path, gid: u32) -> io::Result<()> {
+    std::os::unix::fs::chown(path, None, Some(gid))
 }
 
 /// Removes the socket file at exit; a file already gone is fine.

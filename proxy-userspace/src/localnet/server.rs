@@ -21,12 +21,16 @@ use tonic::{Request, Response, Status};
 
 use super::convert;
 use crate::grpc_discovery::Discovery;
+use crate::grpc_unix::limits::{self as grpc_limits, GrpcLimits};
 use crate::grpc_unix::{self, bind_unix, remove_socket, MAX_MESSAGE_BYTES};
 use crate::snapshot::{Follower, Snapshot, SnapshotReceiver};
 
-/// Watch events buffered per stream; a slower reader makes the sender wait
-/// and then skips to the newest revision.
-const WATCH_BUFFER: usize = 256;
+/// Watch events (one service each) queued per stream. A slow reader is not
+/// buffered for: once its queue and its HTTP/2 window are full the sender
+/// waits, and when the reader catches up it is sent the newest revision,
+/// skipping those published meanwhile. A stuck watcher thus holds at most
+/// this many service messages, not a copy of the state per revision.
+const WATCH_BUFFER: usize = 16;
 
 /// One revision of the state in wire form.
 #[derive(Debug, Default)]
@@ -401,27 +405,42 @@ impl Listeners {
     pub async fn serve(
         self,
         service: LocalnetService,
+        limits: GrpcLimits,
         shutdown: CancellationToken,
     ) -> Result<(), LocalnetError> {
         let mut tasks = tokio::task::JoinSet::new();
         if let Some((addr, l)) = self.tcp {
-            let router = tonic::transport::Server::builder().add_routes(service.routes());
+            let router = grpc_limits::server(limits).add_routes(service.routes());
             let stop = shutdown.clone();
             tracing::info!(%addr, "localnet API listening");
             tasks.spawn(async move {
                 router
-                    .serve_with_incoming_shutdown(TcpListenerStream::new(l), stop.cancelled_owned())
+                    .serve_with_incoming_shutdown(
+                        grpc_limits::limit(
+                            TcpListenerStream::new(l),
+                            limits.max_connections,
+                            addr.to_string(),
+                        ),
+                        stop.cancelled_owned(),
+                    )
                     .await
             });
         }
         let socket_path = self.unix.as_ref().map(|(p, _)| p.clone());
         if let Some((path, l)) = self.unix {
-            let router = tonic::transport::Server::builder().add_routes(service.routes());
+            let router = grpc_limits::server(limits).add_routes(service.routes());
             let stop = shutdown.clone();
             tracing::info!(path = %path.display(), "localnet API listening");
             tasks.spawn(async move {
                 router
-                    .serve_with_incoming_shutdown(grpc_unix::incoming(l), stop.cancelled_owned())
+                    .serve_with_incoming_shutdown(
+                        grpc_limits::limit(
+                            grpc_unix::incoming(l),
+                            limits.max_connections,
+                            path.display().to_string(),
+                        ),
+                        stop.cancelled_owned(),
+                    )
                     .await
             });
         }

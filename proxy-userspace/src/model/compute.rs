@@ -35,7 +35,8 @@ pub struct NodeContext {
 /// also writes node hints.
 const TRAFFIC_DISTRIBUTION_PREFER_SAME_NODE: &str = "PreferSameNode";
 
-/// Computes what this node must program from the cluster state.
+/// Computes what this node must program from the cluster state. The entry
+/// fuzz/ drives.
 pub fn compute(cluster: &ClusterState, node: &NodeContext) -> LocalState {
     let env = Env {
         node_name: non_empty(Some(node.node_name.as_str())),

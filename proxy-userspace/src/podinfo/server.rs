@@ -190,23 +190,12 @@ impl PodInfoApi {
             .admit(client, Instant::now())
             .map_err(|why| self.rejected(client, why))?;
         let list = self.current()?;
+        check_get_request(&request)?;
         let pb::GetPodConditionsRequest {
             pod_uid,
             pod_namespace,
             pod_name,
         } = request;
-        // A name no Kubernetes object can have is a bad request, not an
-        // unknown pod.
-        if !pod_namespace.is_empty() && !is_dns1123_label(&pod_namespace) {
-            return Err(Status::invalid_argument(format!(
-                "pod_namespace {pod_namespace:?} is not a valid namespace (a DNS-1123 label)"
-            )));
-        }
-        if !pod_name.is_empty() && !is_dns1123_subdomain(&pod_name) {
-            return Err(Status::invalid_argument(format!(
-                "pod_name {pod_name:?} is not a valid pod name (a DNS-1123 subdomain)"
-            )));
-        }
         let pod = if !pod_uid.is_empty() {
             let pod = list.by_uid(&pod_uid).ok_or_else(|| {
                 Status::not_found(format!("no pod with uid {pod_uid} on this node"))
@@ -316,6 +305,24 @@ impl Drop for WatchStream {
     }
 }
 
+/// The checks of a `GetPodConditions` request that need no pod list: a
+/// name no Kubernetes object can have is a bad request, not an unknown
+/// pod. The entry fuzz/ drives.
+pub fn check_get_request(request: &pb::GetPodConditionsRequest) -> Result<(), Status> {
+    let (namespace, name) = (&request.pod_namespace, &request.pod_name);
+    if !namespace.is_empty() && !is_dns1123_label(namespace) {
+        return Err(Status::invalid_argument(format!(
+            "pod_namespace {namespace:?} is not a valid namespace (a DNS-1123 label)"
+        )));
+    }
+    if !name.is_empty() && !is_dns1123_subdomain(name) {
+        return Err(Status::invalid_argument(format!(
+            "pod_name {name:?} is not a valid pod name (a DNS-1123 subdomain)"
+        )));
+    }
+    Ok(())
+}
+
 /// Kubernetes' DNS-1123 label: at most 63 of `a-z`, `0-9` and `-`,
 /// starting and ending with a letter or digit (namespace names).
 fn is_dns1123_label(s: &str) -> bool {
@@ -406,12 +413,17 @@ impl PodInfoListener {
     pub async fn serve(
         self,
         api: PodInfoApi,
+        limits: grpc_unix::limits::GrpcLimits,
         shutdown: CancellationToken,
     ) -> Result<(), PodInfoError> {
         let Self { path, listener } = self;
-        let incoming = grpc_unix::incoming(listener);
+        let incoming = grpc_unix::limits::limit(
+            grpc_unix::incoming(listener),
+            limits.max_connections,
+            path.display().to_string(),
+        );
         tracing::info!(path = %path.display(), "PodInfo API listening");
-        let serve = tonic::transport::Server::builder()
+        let serve = grpc_unix::limits::server(limits)
             .add_routes(api.discovery.routes(api.clone().into_server()))
             .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
         // Graceful shutdown waits for every stream to finish; a client that
@@ -492,7 +504,11 @@ mod tests {
         let metrics = PodInfoMetrics::register(&prometheus::Registry::new()).unwrap();
         let api = PodInfoApi::new(pods, limit, metrics, shutdown.clone()).await;
         let listener = PodInfoListener::bind(&dir.path().join("podinfo.sock")).unwrap();
-        let server = tokio::spawn(listener.serve(api, shutdown.clone()));
+        let server = tokio::spawn(listener.serve(
+            api,
+            grpc_unix::limits::GrpcLimits::default(),
+            shutdown.clone(),
+        ));
         Running {
             dir,
             shutdown,

@@ -26,6 +26,10 @@ const EXTENSIONS: &[&str] = &["yaml", "yml", "json"];
 const DEBOUNCE: Duration = Duration::from_millis(100);
 /// Safety net for file systems without inotify events (network mounts).
 const RESCAN_INTERVAL: Duration = Duration::from_secs(5);
+/// Largest manifest file read. 50,000 Services with 250,000 endpoints take
+/// about 40 MiB of YAML; anything far beyond that is a mistake (a log or a
+/// core dump with a .yaml name) that would only cost memory to parse.
+pub const MAX_MANIFEST_BYTES: u64 = 128 << 20;
 /// Test hook, read from the environment (deliberately not a flag): while
 /// the file this names exists, the source holds back `Synced` after its
 /// first read, like an API source whose initial list has not finished.
@@ -90,6 +94,7 @@ pub enum FileSourceError {
 }
 
 /// Parses one manifest file into objects. Any error rejects the whole file.
+/// The entry fuzz/ drives.
 pub fn parse_manifest(file: &Path, content: &str) -> Result<Vec<Object>, Vec<ManifestError>> {
     let documents = split_documents(file, content).map_err(|e| vec![e])?;
     let mut objects = Vec::new();
@@ -195,6 +200,43 @@ fn split_documents(
     Ok(docs)
 }
 
+/// Reads a manifest: at most [`MAX_MANIFEST_BYTES`], UTF-8, and only a
+/// regular file (a symlink is followed; a dangling one or a loop is an
+/// error naming it, not a file that silently does not exist).
+fn read_manifest(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) => std::io::Error::other("symlink loop"),
+        Some(libc::ENOENT) if path.symlink_metadata().is_ok() => {
+            std::io::Error::other("dangling symlink")
+        }
+        _ => e,
+    })?;
+    let len = file.metadata()?.len();
+    if len > MAX_MANIFEST_BYTES {
+        return Err(std::io::Error::other(format!(
+            "{len} bytes, more than the {} MiB a manifest may have",
+            MAX_MANIFEST_BYTES >> 20
+        )));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    // The file may grow between the stat and the read: stop one byte past
+    // the cap to tell.
+    file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(std::io::Error::other(format!(
+            "more than the {} MiB a manifest may have",
+            MAX_MANIFEST_BYTES >> 20
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        std::io::Error::other(format!(
+            "not UTF-8 (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}
+
 #[derive(Debug, Default)]
 struct FileEntry {
     /// Hash of the content last read (good or bad), to skip unchanged files.
@@ -208,6 +250,9 @@ struct FileEntry {
 pub struct ManifestDir {
     dir: PathBuf,
     files: BTreeMap<PathBuf, FileEntry>,
+    /// The read error last reported per path (the directory included), so
+    /// a file that stays unreadable is reported once, not at every rescan.
+    unreadable: BTreeMap<PathBuf, String>,
 }
 
 impl ManifestDir {
@@ -226,6 +271,7 @@ impl ManifestDir {
         let this = Self {
             dir: dir.to_owned(),
             files: BTreeMap::new(),
+            unreadable: BTreeMap::new(),
         };
         if this
             .list()
@@ -254,8 +300,11 @@ impl ManifestDir {
                 .extension()
                 .and_then(|e| e.to_str())
                 .is_some_and(|e| EXTENSIONS.contains(&e));
-            // `is_file` follows symlinks (ConfigMap volumes are symlinks).
-            if !hidden && manifest && path.is_file() {
+            // `is_file` follows symlinks (ConfigMap volumes are symlinks). A
+            // symlink that leads nowhere (dangling, or a loop) is listed too,
+            // so that reading it reports why.
+            let broken_link = || path.is_symlink() && std::fs::metadata(&path).is_err();
+            if !hidden && manifest && (path.is_file() || broken_link()) {
                 files.push(path);
             }
         }
@@ -264,37 +313,38 @@ impl ManifestDir {
     }
 
     /// Re-reads changed files. Returns the errors of files that changed and
-    /// failed (each failing version is reported once).
+    /// failed (each failing version, and each read error, is reported once).
     pub fn rescan(&mut self) -> Vec<ManifestError> {
         let mut errors = Vec::new();
         let listed = match self.list() {
-            Ok(l) => l,
+            Ok(l) => {
+                self.unreadable.remove(&self.dir);
+                l
+            }
             Err(e) => {
                 // Keep everything as it was: a vanished directory is far more
                 // likely a mount hiccup than a wish to drop every service.
-                errors.push(ManifestError::Read {
-                    file: self.dir.clone(),
-                    reason: e.to_string(),
-                });
+                let dir = self.dir.clone();
+                errors.extend(self.read_failed(dir, e.to_string()));
                 return errors;
             }
         };
         self.files.retain(|path, _| listed.contains(path));
+        self.unreadable
+            .retain(|path, _| *path == self.dir || listed.contains(path));
         for path in listed {
-            let content = match std::fs::read_to_string(&path) {
+            let content = match read_manifest(&path) {
                 Ok(c) => c,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     self.files.remove(&path);
                     continue;
                 }
                 Err(e) => {
-                    errors.push(ManifestError::Read {
-                        file: path.clone(),
-                        reason: e.to_string(),
-                    });
+                    errors.extend(self.read_failed(path, e.to_string()));
                     continue;
                 }
             };
+            self.unreadable.remove(&path);
             let fingerprint = {
                 let mut h = DefaultHasher::new();
                 content.hash(&mut h);
@@ -311,6 +361,16 @@ impl ManifestDir {
             }
         }
         errors
+    }
+
+    /// A read error for `path`, unless the same one was reported last time.
+    /// The file's last good version stays in effect.
+    fn read_failed(&mut self, path: PathBuf, reason: String) -> Option<ManifestError> {
+        if self.unreadable.get(&path) == Some(&reason) {
+            return None;
+        }
+        self.unreadable.insert(path.clone(), reason.clone());
+        Some(ManifestError::Read { file: path, reason })
     }
 
     /// The merged state of every file; on a duplicate object the file that
@@ -338,13 +398,29 @@ pub async fn run(
     tx: SourceSender,
     cancel: CancellationToken,
 ) -> Result<(), FileSourceError> {
-    let dir = manifests.dir.clone();
+    let dir = std::path::absolute(&manifests.dir).unwrap_or_else(|_| manifests.dir.clone());
     let (event_tx, mut event_rx) = mpsc::channel::<()>(1);
+    let ours = dir.clone();
+    // Set when an event is about the directory itself (removed, created,
+    // renamed): its watch must be set up again, even if a new directory
+    // got the old one's inode.
+    let rewatch = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dir_event = rewatch.clone();
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
         // Writes, creates, removes and renames only: reading the files
         // (ours included) raises open/close-nowrite events, and reacting to
         // those re-read the directory forever, a core busy on an idle node.
-        if res.is_ok_and(|ev| !matches!(ev.kind, notify::EventKind::Access(_))) {
+        // The parent's events count only when they are about the directory.
+        let relevant = res.as_ref().is_ok_and(|ev| {
+            !matches!(ev.kind, notify::EventKind::Access(_))
+                && ev.paths.iter().any(|p| p.starts_with(&ours))
+        });
+        if let Ok(ev) = &res {
+            if ev.paths.contains(&ours) {
+                dir_event.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        if relevant {
             // A full channel already means "re-read pending".
             let _ = event_tx.try_send(());
         }
@@ -353,16 +429,27 @@ pub async fn run(
         dir: dir.clone(),
         reason: e.to_string(),
     })?;
-    watcher
-        .watch(&dir, RecursiveMode::NonRecursive)
-        .map_err(|e| FileSourceError::Watch {
-            dir: dir.clone(),
-            reason: e.to_string(),
-        })?;
+    // The directory's inotify watch dies with the directory; watching its
+    // parent too tells when it is created again (`kubectl cp`, a
+    // re-provisioned host path), so the watch can follow at once.
+    if let Some(parent) = dir.parent() {
+        if let Err(e) = watcher.watch(parent, RecursiveMode::NonRecursive) {
+            tracing::debug!(parent = %parent.display(), error = %e, "not watching the manifest directory's parent; a re-created directory is noticed by the periodic rescan");
+        }
+    }
+    let mut watched = None;
+    watch_dir(&mut watcher, &dir, &mut watched, false).map_err(|e| FileSourceError::Watch {
+        dir: dir.clone(),
+        reason: e.to_string(),
+    })?;
 
     let mut current = ClusterState::default();
     let mut first = true;
     loop {
+        let again = rewatch.swap(false, std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = watch_dir(&mut watcher, &dir, &mut watched, again) {
+            tracing::debug!(dir = %dir.display(), error = %e, "cannot watch the manifest directory yet");
+        }
         let errors = manifests.rescan();
         for e in &errors {
             tracing::error!(error = %e, "manifest not applied; keeping the last good version of the file");
@@ -398,6 +485,29 @@ pub async fn run(
             _ = tokio::time::sleep(RESCAN_INTERVAL) => {}
         }
     }
+}
+
+/// (Re-)establishes the watch on `dir` when the directory there is not the
+/// one watched (`watched`: its device and inode) or `again` says it was
+/// removed or created meanwhile.
+fn watch_dir(
+    watcher: &mut impl Watcher,
+    dir: &Path,
+    watched: &mut Option<(u64, u64)>,
+    again: bool,
+) -> notify::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let now = std::fs::metadata(dir).ok().map(|m| (m.dev(), m.ino()));
+    if now.is_none() || (now == *watched && !again) {
+        return Ok(());
+    }
+    if watched.is_some() {
+        let _ = watcher.unwatch(dir);
+        tracing::info!(dir = %dir.display(), "manifest directory created again; watching it");
+    }
+    watcher.watch(dir, RecursiveMode::NonRecursive)?;
+    *watched = now;
+    Ok(())
 }
 
 /// Waits while the [`HOLD_SYNCED_ENV`] file exists; false when cancelled.
@@ -472,6 +582,64 @@ mod tests {
             m.rescan().is_empty(),
             "an unchanged broken file is reported once"
         );
+    }
+
+    #[test]
+    fn unreadable_files_are_named_once_and_keep_their_last_good_version() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("a.yaml"), SVC).unwrap();
+        let mut m = ManifestDir::open(d).unwrap();
+        assert!(m.rescan().is_empty());
+
+        // A symlink loop, a dangling symlink, a file that is not UTF-8 and
+        // one over the size cap (sparse: no disk is used).
+        symlink(d.join("loop.yaml"), d.join("loop.yaml")).unwrap();
+        symlink(d.join("gone"), d.join("dangling.yaml")).unwrap();
+        std::fs::write(
+            d.join("latin1.yaml"),
+            b"kind: Service\nmetadata: {name: caf\xe9}\n",
+        )
+        .unwrap();
+        let big = std::fs::File::create(d.join("big.yaml")).unwrap();
+        big.set_len(MAX_MANIFEST_BYTES + 1).unwrap();
+        // a.yaml's new version is unreadable too: a symlink into the loop.
+        std::fs::remove_file(d.join("a.yaml")).unwrap();
+        symlink(d.join("loop.yaml"), d.join("a.yaml")).unwrap();
+
+        let mut messages: Vec<String> = m.rescan().iter().map(ToString::to_string).collect();
+        messages.sort();
+        let expect = |file: &str, reason: &str| {
+            let file = d.join(file).display().to_string();
+            assert!(
+                messages
+                    .iter()
+                    .any(|m| m.starts_with(&file) && m.contains(reason)),
+                "{file}: {reason} not in {messages:#?}"
+            );
+        };
+        expect("loop.yaml", "symlink loop");
+        expect("dangling.yaml", "dangling symlink");
+        expect("latin1.yaml", "not UTF-8 (invalid byte at offset 34)");
+        expect("big.yaml", "more than the 128 MiB a manifest may have");
+        expect("a.yaml", "symlink loop");
+        assert_eq!(messages.len(), 5, "{messages:#?}");
+        assert_eq!(
+            m.cluster_state().services.len(),
+            1,
+            "a.yaml's last good version stays"
+        );
+        assert!(m.rescan().is_empty(), "the same errors are not repeated");
+
+        // Fixed: applied at once; broken again: reported again.
+        std::fs::remove_file(d.join("a.yaml")).unwrap();
+        std::fs::write(d.join("a.yaml"), SVC.replace("web", "web2")).unwrap();
+        assert!(m.rescan().is_empty());
+        assert!(m.cluster_state().services.keys().any(|k| k.name == "web2"));
+        std::fs::remove_file(d.join("a.yaml")).unwrap();
+        symlink(d.join("gone"), d.join("a.yaml")).unwrap();
+        assert_eq!(m.rescan().len(), 1);
     }
 
     #[test]

@@ -69,7 +69,7 @@ pub enum Decoded {
 }
 
 /// Decodes one JSON value holding a Service, EndpointSlice, Node or Pod.
-/// `List` documents are expanded by the caller.
+/// `List` documents are expanded by the caller. The entry fuzz/ drives.
 pub fn decode_object(value: serde_json::Value) -> Result<Decoded, ObjectError> {
     let api_version = str_field(&value, "apiVersion")?;
     let kind = str_field(&value, "kind")?;

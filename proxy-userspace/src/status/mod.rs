@@ -11,6 +11,7 @@
 pub mod checks;
 pub mod hcnp;
 pub mod health;
+pub mod http_serve;
 pub mod metrics;
 pub mod negotiate;
 pub mod server;
@@ -27,6 +28,7 @@ use checks::Check;
 use health::{HealthTracker, PendingChanges, ProxyEndpoint, ProxyHealthInput, Stamp};
 use metrics::Metrics;
 
+pub use http_serve::HttpLimits;
 pub use server::{StatusError, StatusServers};
 
 /// What the status surfaces need to know about this daemon at start.

@@ -95,6 +95,7 @@ impl StatusServers {
     pub async fn serve(
         self,
         status: Arc<Status>,
+        limits: super::HttpLimits,
         shutdown: CancellationToken,
     ) -> Result<(), StatusError> {
         let mut tasks = tokio::task::JoinSet::new();
@@ -107,10 +108,8 @@ impl StatusServers {
             let stop = shutdown.clone();
             tracing::info!(%addr, "{what} listening");
             tasks.spawn(async move {
-                axum::serve(l, router)
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await
-                    .map_err(|source| StatusError::Serve { addr, source })
+                super::http_serve::serve(l, addr, router, limits, stop).await;
+                Ok::<(), StatusError>(())
             });
         }
         let mut result = Ok(());

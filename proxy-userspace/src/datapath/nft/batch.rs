@@ -454,12 +454,16 @@ pub enum CommitError {
 pub fn list_tables(family: u8) -> io::Result<Vec<String>> {
     let sock = Socket::open()?;
     let mut out = Vec::new();
-    sock.dump(GETTABLE, family, |a| {
-        if let Some((_, v)) = attrs(a).into_iter().find(|(k, _)| *k == 1) {
-            out.push(attr_str(v));
-        }
-    })?;
+    sock.dump(GETTABLE, family, |a| out.extend(table_name(a)))?;
     Ok(out)
+}
+
+/// The name in one table of a `GETTABLE` dump. The entry fuzz/ drives.
+pub fn table_name(attributes: &[u8]) -> Option<String> {
+    attrs(attributes)
+        .into_iter()
+        .find(|(k, _)| *k == 1)
+        .map(|(_, v)| attr_str(v))
 }
 
 /// A set as the kernel reports it.
@@ -473,37 +477,37 @@ pub struct SetInfo {
 pub fn list_objects(family: u8, table: &str) -> io::Result<(Vec<String>, Vec<SetInfo>)> {
     let sock = Socket::open()?;
     let mut chains = Vec::new();
-    sock.dump(GETCHAIN, family, |a| {
-        let a = attrs(a);
-        let t = a.iter().find(|(k, _)| *k == 1).map(|(_, v)| attr_str(v));
-        let n = a.iter().find(|(k, _)| *k == 3).map(|(_, v)| attr_str(v));
-        if let (Some(t), Some(n)) = (t, n) {
-            if t == table {
-                chains.push(n);
-            }
-        }
-    })?;
+    sock.dump(GETCHAIN, family, |a| chains.extend(chain_of(a, table)))?;
     let mut sets = Vec::new();
-    sock.dump(GETSET, family, |a| {
-        let a = attrs(a);
-        let t = a.iter().find(|(k, _)| *k == 1).map(|(_, v)| attr_str(v));
-        let n = a.iter().find(|(k, _)| *k == 2).map(|(_, v)| attr_str(v));
-        let timeout = a
-            .iter()
-            .find(|(k, _)| *k == 11)
-            .and_then(|(_, v)| <[u8; 8]>::try_from(*v).ok())
-            .map(u64::from_be_bytes)
-            .unwrap_or(0);
-        if let (Some(t), Some(n)) = (t, n) {
-            if t == table && !n.starts_with("__") {
-                sets.push(SetInfo {
-                    name: n,
-                    timeout_ms: timeout,
-                });
-            }
-        }
-    })?;
+    sock.dump(GETSET, family, |a| sets.extend(set_of(a, table)))?;
     Ok((chains, sets))
+}
+
+/// The chain name in one object of a `GETCHAIN` dump when it belongs to
+/// `table`. The entry fuzz/ drives.
+pub fn chain_of(attributes: &[u8], table: &str) -> Option<String> {
+    let a = attrs(attributes);
+    let t = a.iter().find(|(k, _)| *k == 1).map(|(_, v)| attr_str(v))?;
+    let n = a.iter().find(|(k, _)| *k == 3).map(|(_, v)| attr_str(v))?;
+    (t == table).then_some(n)
+}
+
+/// One object of a `GETSET` dump when it is a named set of `table`
+/// (anonymous `__` sets left out). The entry fuzz/ drives.
+pub fn set_of(attributes: &[u8], table: &str) -> Option<SetInfo> {
+    let a = attrs(attributes);
+    let t = a.iter().find(|(k, _)| *k == 1).map(|(_, v)| attr_str(v))?;
+    let n = a.iter().find(|(k, _)| *k == 2).map(|(_, v)| attr_str(v))?;
+    let timeout = a
+        .iter()
+        .find(|(k, _)| *k == 11)
+        .and_then(|(_, v)| <[u8; 8]>::try_from(*v).ok())
+        .map(u64::from_be_bytes)
+        .unwrap_or(0);
+    (t == table && !n.starts_with("__")).then_some(SetInfo {
+        name: n,
+        timeout_ms: timeout,
+    })
 }
 
 #[cfg(test)]

@@ -313,41 +313,55 @@ pub mod ct {
             1,
             ConntrackMessage::Get(vec![]),
         ))?;
-        let v4 = family == super::NFPROTO_IPV4;
         let mut out = Vec::new();
         let mut buf = vec![0u8; 1 << 20];
         // Bounded: a dump ends with NLMSG_DONE; the cap only guards
         // against a kernel that never says so.
         for _ in 0..1_000_000 {
             let n = sock.recv(&mut buf, 0)?;
-            let mut rest = &buf[..n];
-            while !rest.is_empty() {
-                let packet = NetlinkMessage::<NetfilterMessage>::deserialize(rest)
-                    .map_err(|e| io::Error::other(format!("undecodable ctnetlink message: {e}")))?;
-                let len = (packet.header.length as usize).clamp(16, rest.len());
-                rest = &rest[len.next_multiple_of(4).min(rest.len())..];
-                match packet.payload {
-                    NetlinkPayload::Done(_) => return Ok(out),
-                    NetlinkPayload::Error(e) => {
-                        if let Some(code) = e.code {
-                            return Err(io::Error::from_raw_os_error(-code.get()));
-                        }
-                    }
-                    NetlinkPayload::InnerMessage(NetfilterMessage {
-                        inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
-                        ..
-                    }) => {
-                        if let Some(e) = entry(&attrs) {
-                            if e.orig.proto == proto && e.orig.src.is_ipv4() == v4 {
-                                out.push(e);
-                            }
-                        }
-                    }
-                    _ => {}
-                }
+            if list_datagram(&buf[..n], family, proto, &mut out)? {
+                return Ok(out);
             }
         }
         Err(io::Error::other("conntrack dump did not end"))
+    }
+
+    /// One datagram of the answer to [`list`]: appends its entries of
+    /// `family` and `proto` to `out`; true once the dump is done. The
+    /// entry fuzz/ drives.
+    pub fn list_datagram(
+        mut rest: &[u8],
+        family: u8,
+        proto: u8,
+        out: &mut Vec<Entry>,
+    ) -> io::Result<bool> {
+        let v4 = family == super::NFPROTO_IPV4;
+        while !rest.is_empty() {
+            let packet = NetlinkMessage::<NetfilterMessage>::deserialize(rest)
+                .map_err(|e| io::Error::other(format!("undecodable ctnetlink message: {e}")))?;
+            let len = (packet.header.length as usize).clamp(16, rest.len());
+            rest = &rest[len.next_multiple_of(4).min(rest.len())..];
+            match packet.payload {
+                NetlinkPayload::Done(_) => return Ok(true),
+                NetlinkPayload::Error(e) => {
+                    if let Some(code) = e.code {
+                        return Err(io::Error::from_raw_os_error(-code.get()));
+                    }
+                }
+                NetlinkPayload::InnerMessage(NetfilterMessage {
+                    inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
+                    ..
+                }) => {
+                    if let Some(e) = entry(&attrs) {
+                        if e.orig.proto == proto && e.orig.src.is_ipv4() == v4 {
+                            out.push(e);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(false)
     }
 
     fn ct_tuple(t: &Tuple) -> Vec<CtTuple> {

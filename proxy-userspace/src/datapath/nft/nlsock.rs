@@ -190,18 +190,7 @@ impl Socket {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e),
             };
-            for (kind, flags, seq, payload) in messages(&buf[..n]) {
-                if kind != NLMSG_ERROR || payload.len() < 4 {
-                    continue;
-                }
-                let errno = errno_of(payload);
-                let ext = if flags & NLM_F_CAPPED != 0 {
-                    ext_ack_message(payload)
-                } else {
-                    String::new()
-                };
-                out.push((seq, errno, ext));
-            }
+            out.extend(acks(&buf[..n]));
         }
         Ok(out)
     }
@@ -229,26 +218,56 @@ impl Socket {
         // against a kernel that never says so.
         for _ in 0..1_000_000 {
             let n = self.recv(&mut buf, 0)?;
-            for (k, _flags, _seq, payload) in messages(&buf[..n]) {
-                match k {
-                    NLMSG_DONE => return Ok(()),
-                    NLMSG_ERROR => {
-                        let errno = errno_of(payload);
-                        if errno != 0 {
-                            return Err(io::Error::from_raw_os_error(errno));
-                        }
-                    }
-                    _ if payload.len() >= 4 => each(&payload[4..]),
-                    _ => {}
-                }
+            if let Some(end) = dump_datagram(&buf[..n], &mut each) {
+                return end;
             }
         }
         Err(io::Error::other("netlink dump did not end"))
     }
 }
 
-/// (type, flags, seq, payload) of each message in a datagram.
-pub(super) fn messages(mut buf: &[u8]) -> Vec<(u16, u16, u32, &[u8])> {
+/// The acks in one datagram: (seq, errno, extended ack message). The
+/// entry fuzz/ drives.
+pub fn acks(buf: &[u8]) -> Vec<(u32, i32, String)> {
+    let mut out = Vec::new();
+    for (kind, flags, seq, payload) in messages(buf) {
+        if kind != NLMSG_ERROR || payload.len() < 4 {
+            continue;
+        }
+        let errno = errno_of(payload);
+        let ext = if flags & NLM_F_CAPPED != 0 {
+            ext_ack_message(payload)
+        } else {
+            String::new()
+        };
+        out.push((seq, errno, ext));
+    }
+    out
+}
+
+/// One datagram of a dump's answer: calls `each` with every object's
+/// attributes; `Some` once the dump has ended (done, or the kernel's
+/// error). The entry fuzz/ drives.
+pub fn dump_datagram(buf: &[u8], mut each: impl FnMut(&[u8])) -> Option<io::Result<()>> {
+    for (kind, _flags, _seq, payload) in messages(buf) {
+        match kind {
+            NLMSG_DONE => return Some(Ok(())),
+            NLMSG_ERROR => {
+                let errno = errno_of(payload);
+                if errno != 0 {
+                    return Some(Err(io::Error::from_raw_os_error(errno)));
+                }
+            }
+            _ if payload.len() >= 4 => each(&payload[4..]),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// (type, flags, seq, payload) of each message in a datagram. The entry
+/// fuzz/ drives.
+pub fn messages(mut buf: &[u8]) -> Vec<(u16, u16, u32, &[u8])> {
     let mut out = Vec::new();
     while buf.len() >= 16 {
         let len = u32::from_ne_bytes(buf[0..4].try_into().unwrap_or([0; 4])) as usize;
@@ -264,7 +283,8 @@ pub(super) fn messages(mut buf: &[u8]) -> Vec<(u16, u16, u32, &[u8])> {
     out
 }
 
-/// The attributes of a buffer: (type without flags, payload).
+/// The attributes of a buffer: (type without flags, payload). The entry
+/// fuzz/ drives.
 pub fn attrs(mut buf: &[u8]) -> Vec<(u16, &[u8])> {
     let mut out = Vec::new();
     while buf.len() >= 4 {
