@@ -14,18 +14,26 @@
 //!   doubling up to [`MAX_RETRY_FACTOR`] periods while it keeps failing
 //!   (kube-proxy's `syncRunner.RetryAfter(syncPeriod)`), even when no new
 //!   state arrives; a new state is tried at once.
+//! * **Drift.** Every sync period, and on request (SIGHUP), the datapath
+//!   compares the kernel with what it programmed ([`Datapath::verify`]);
+//!   a difference (an entry deleted or changed by hand, a detached
+//!   program, a flushed table) is logged at warn with what differed,
+//!   counted (`ebpf_kube_proxy_datapath_drift_total{kind}`) and repaired
+//!   at once by a full sync.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::datapath::{ApplyStats, Datapath, DatapathError, ServiceChange};
+use crate::datapath::drift::DriftMetrics;
+use crate::datapath::{ApplyStats, Datapath, DatapathError, Drift, ServiceChange};
 use crate::model::claims::Claims;
 use crate::model::{for_each_changed, LocalState, ObjectKey};
-use crate::snapshot::{Follower, SnapshotReceiver};
+use crate::snapshot::{Follower, Snapshot, SnapshotReceiver};
 use crate::status::Status;
 
 /// Test hook (SPEC §10.3): while the file it names exists, the datapath
@@ -144,6 +152,17 @@ impl Applier {
         Ok(Applied { full, stats })
     }
 
+    /// Compares the kernel with what was programmed (see
+    /// [`Datapath::verify`]); any difference makes the next apply a full
+    /// one.
+    pub fn verify(&mut self) -> Result<Vec<Drift>, DatapathError> {
+        let drifts = self.datapath.verify()?;
+        if !drifts.is_empty() {
+            self.full_next = true;
+        }
+        Ok(drifts)
+    }
+
     fn program_changes(&mut self, next: &LocalState) -> Result<ApplyStats, DatapathError> {
         let (claims, prev) = (&mut self.claims, &self.programmed);
         let mut changed: Vec<ServiceChange<'_>> = Vec::new();
@@ -189,40 +208,54 @@ pub fn retry_delay(sync_period: Duration, failures: u32) -> Duration {
     sync_period * factor.min(MAX_RETRY_FACTOR)
 }
 
-/// Applies every new snapshot, newest first (a slow apply skips
-/// intermediate revisions), retries failures on the sync-period timer, and
-/// reports every apply to `status`. Ends with `shutdown` or the snapshot
-/// channel.
-pub async fn run(
-    mut applier: Applier,
-    snapshots: SnapshotReceiver,
-    shutdown: CancellationToken,
+/// Why the coordinator woke up.
+enum Wake {
+    /// A new snapshot, or a timer (retry, stall recheck, drift check).
+    Snapshot(Arc<Snapshot>),
+    /// An operator asked for a drift check (SIGHUP).
+    CheckRequested,
+}
+
+/// The coordinator's loop state between wake-ups.
+struct Coordinator {
+    applier: Applier,
     status: Arc<Status>,
     sync_period: Duration,
-) {
-    let stall_file = std::env::var_os(STALL_DATAPATH_ENV).map(PathBuf::from);
-    let mut failures = 0u32;
-    let mut sync_log = SyncLog::default();
-    let mut follower = Follower::new(snapshots, shutdown);
-    while let Some(snapshot) = follower.next().await {
-        if stall_file.as_deref().is_some_and(|p| p.exists()) {
-            follower.again_after(STALL_RECHECK);
-            continue;
-        }
-        if !snapshot.is_synced() {
-            continue;
-        }
+    drift_metrics: Option<DriftMetrics>,
+    failures: u32,
+    sync_log: SyncLog,
+    /// The revision the datapath holds; `None` before the first successful
+    /// apply and after a failed one (a full sync is due anyway).
+    programmed_rev: Option<u64>,
+    /// A retry (or a stall recheck) is due then.
+    retry_at: Option<Instant>,
+    /// The next drift check is due then.
+    check_due: Instant,
+}
+
+impl Coordinator {
+    /// When the follower should wake without a change: a retry, else the
+    /// next drift check once something is programmed.
+    fn wake_at(&self) -> Option<Instant> {
+        self.retry_at
+            .or_else(|| self.programmed_rev.map(|_| self.check_due))
+    }
+
+    fn apply(&mut self, snapshot: &Snapshot) {
         let started = Instant::now();
-        match applier.apply(&snapshot.state) {
+        match self.applier.apply(&snapshot.state) {
             Ok(applied) => {
                 let elapsed = started.elapsed();
-                failures = 0;
+                self.failures = 0;
+                self.programmed_rev = Some(snapshot.rev);
+                self.retry_at = None;
+                let (status, applier) = (&self.status, &self.applier);
                 status.datapath_applied(snapshot.rev, &snapshot.state, elapsed);
                 status.set_map_entries(&applier.datapath().map_entries());
                 status.set_address_conflicts(applier.address_conflicts());
                 let changed = applied.stats.services_changed;
                 if let Some((folded, folded_changed)) =
-                    sync_log.admit(Instant::now(), applied.full, changed)
+                    self.sync_log.admit(Instant::now(), applied.full, changed)
                 {
                     tracing::info!(
                         kind = if applied.full { "full" } else { "partial" },
@@ -247,13 +280,134 @@ pub async fn run(
                 }
             }
             Err(e) => {
-                failures += 1;
-                let delay = retry_delay(sync_period, failures);
-                status.datapath_apply_failed();
+                self.failures += 1;
+                self.programmed_rev = None;
+                let delay = retry_delay(self.sync_period, self.failures);
+                self.retry_at = Some(Instant::now() + delay);
+                self.status.datapath_apply_failed();
                 tracing::error!(rev = snapshot.rev, error = %e, retry_in = ?delay, "datapath apply failed; retrying with a full sync");
-                // A new state is tried at once, whatever the timer says.
-                follower.again_after(delay);
             }
+        }
+    }
+
+    /// Compares the kernel with what was programmed; a difference is
+    /// logged, counted and repaired at once by a full sync of `latest`.
+    fn check_drift(&mut self, latest: &Snapshot, trigger: &'static str) {
+        let started = Instant::now();
+        let result = self.applier.verify();
+        let duration_ms = started.elapsed().as_secs_f64() * 1e3;
+        self.check_due = Instant::now() + self.sync_period;
+        match result {
+            Ok(drifts) if drifts.is_empty() => {
+                if trigger == TRIGGER_REQUESTED {
+                    tracing::info!(
+                        trigger,
+                        duration_ms,
+                        "datapath drift check: the kernel holds what was programmed"
+                    );
+                } else {
+                    tracing::debug!(
+                        trigger,
+                        duration_ms,
+                        "datapath drift check: the kernel holds what was programmed"
+                    );
+                }
+            }
+            Ok(drifts) => {
+                crate::datapath::drift::log(&drifts, self.applier.datapath().mode());
+                if let Some(m) = &self.drift_metrics {
+                    m.count(&drifts);
+                }
+                self.apply(latest);
+            }
+            Err(e) => tracing::warn!(
+                trigger,
+                error = %e,
+                "datapath drift check failed; trying again after one sync period"
+            ),
+        }
+    }
+}
+
+/// `trigger` of a drift check on SIGHUP (the other is `sync-period`).
+const TRIGGER_REQUESTED: &str = "requested";
+
+/// Applies every new snapshot, newest first (a slow apply skips
+/// intermediate revisions), retries failures on the sync-period timer, and
+/// reports every apply to `status`. Every sync period, and whenever
+/// `drift_checks` is notified (SIGHUP), it compares what the kernel holds
+/// with what it programmed ([`Datapath::verify`]) and repairs any
+/// difference with a full sync. Ends with `shutdown` or the snapshot
+/// channel.
+pub async fn run(
+    applier: Applier,
+    snapshots: SnapshotReceiver,
+    shutdown: CancellationToken,
+    status: Arc<Status>,
+    sync_period: Duration,
+    drift_checks: Arc<Notify>,
+) {
+    let stall_file = std::env::var_os(STALL_DATAPATH_ENV).map(PathBuf::from);
+    let drift_metrics = DriftMetrics::register(status.metrics().registry())
+        .inspect_err(
+            |e| tracing::warn!(error = %e, "ebpf_kube_proxy_datapath_drift_total is not exported"),
+        )
+        .ok();
+    let mut c = Coordinator {
+        applier,
+        status,
+        sync_period,
+        drift_metrics,
+        failures: 0,
+        sync_log: SyncLog::default(),
+        programmed_rev: None,
+        retry_at: None,
+        check_due: Instant::now() + sync_period,
+    };
+    let mut latest: Option<Arc<Snapshot>> = None;
+    let mut follower = Follower::new(snapshots, shutdown);
+    loop {
+        if let Some(at) = c.wake_at() {
+            follower.again_after(at.saturating_duration_since(Instant::now()));
+        }
+        // A check request drops the follower's wait; the timer is set
+        // again above, and a change is still pending in the channel.
+        let wake = tokio::select! {
+            s = follower.next() => match s {
+                Some(s) => Wake::Snapshot(s),
+                None => break,
+            },
+            () = drift_checks.notified() => Wake::CheckRequested,
+        };
+        match wake {
+            Wake::Snapshot(snapshot) => {
+                if stall_file.as_deref().is_some_and(|p| p.exists()) {
+                    c.retry_at = Some(Instant::now() + STALL_RECHECK);
+                    continue;
+                }
+                if !snapshot.is_synced() {
+                    continue;
+                }
+                if c.programmed_rev != Some(snapshot.rev) {
+                    // A new state is tried at once, whatever the timer says.
+                    c.apply(&snapshot);
+                } else if c.retry_at.is_some_and(|t| Instant::now() >= t) {
+                    c.retry_at = None; // the end of a stall
+                }
+                if c.programmed_rev.is_some() && Instant::now() >= c.check_due {
+                    c.check_drift(&snapshot, "sync-period");
+                }
+                latest = Some(snapshot);
+            }
+            Wake::CheckRequested => match &latest {
+                Some(s) if c.programmed_rev.is_some() => {
+                    let s = s.clone();
+                    c.check_drift(&s, TRIGGER_REQUESTED);
+                }
+                _ => tracing::info!(
+                    "datapath drift check requested, but nothing is programmed yet (or a full sync after a failure is due anyway)"
+                ),
+            },
         }
     }
 }
@@ -274,6 +428,138 @@ mod tests {
         assert_eq!(log.admit(at(4), false, 1), None);
         assert_eq!(log.admit(at(13), false, 1), Some((1, 1)), "interval over");
         assert_eq!(log.admit(at(14), false, 1), None);
+    }
+
+    /// A datapath that records its calls and finds drift in its first
+    /// `drifts` checks.
+    struct Recorder {
+        calls: Arc<std::sync::Mutex<Vec<&'static str>>>,
+        drifts: u32,
+    }
+
+    impl Datapath for Recorder {
+        fn mode(&self) -> crate::datapath::ProxyMode {
+            crate::datapath::ProxyMode::None
+        }
+        fn program_all(&mut self, _: &LocalState, _: &Claims) -> Result<ApplyStats, DatapathError> {
+            self.calls.lock().unwrap().push("program_all");
+            Ok(ApplyStats::default())
+        }
+        fn program_changes(
+            &mut self,
+            _: &LocalState,
+            _: &LocalState,
+            _: &[ServiceChange<'_>],
+            _: &Claims,
+        ) -> Result<ApplyStats, DatapathError> {
+            self.calls.lock().unwrap().push("program_changes");
+            Ok(ApplyStats::default())
+        }
+        fn verify(&mut self) -> Result<Vec<Drift>, DatapathError> {
+            self.calls.lock().unwrap().push("verify");
+            if self.drifts == 0 {
+                return Ok(Vec::new());
+            }
+            self.drifts -= 1;
+            Ok(vec![Drift::new(
+                crate::datapath::DriftKind::Element,
+                "ip ebpf-kube-proxy service-ips",
+                "10.96.0.10 . tcp . 80",
+                "goto svc-default/web/tcp/http",
+                "absent",
+            )])
+        }
+        fn dump(
+            _: &crate::datapath::DatapathConfig,
+        ) -> Result<Option<crate::datapath::Dump>, DatapathError> {
+            Ok(None)
+        }
+        fn cleanup(_: &crate::datapath::DatapathConfig) -> Result<Vec<String>, DatapathError> {
+            Ok(Vec::new())
+        }
+    }
+
+    /// Runs the coordinator on one synced state with a [`Recorder`] until
+    /// `done` holds for its calls (bounded: 5 s), then stops it.
+    async fn calls_until(
+        sync_period: Duration,
+        drifts: u32,
+        request_check: bool,
+        done: impl Fn(&[&'static str]) -> bool,
+    ) -> (Vec<&'static str>, String) {
+        let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let applier = Applier::new(Box::new(Recorder {
+            calls: calls.clone(),
+            drifts,
+        }));
+        let (tx, rx) = crate::snapshot::snapshot_channel();
+        tx.send_replace(Arc::new(Snapshot {
+            rev: 1,
+            state: Arc::default(),
+        }));
+        let status = Arc::new(
+            Status::new(crate::status::StatusOptions {
+                sync_period,
+                requested_mode: crate::datapath::ProxyMode::None,
+                active_mode: crate::datapath::ProxyMode::None,
+                source: "file",
+                resources: &["services"],
+                families: vec![],
+                flags: vec![],
+            })
+            .unwrap(),
+        );
+        let (stop, checks) = (CancellationToken::new(), Arc::new(Notify::new()));
+        let task = tokio::spawn(run(
+            applier,
+            rx,
+            stop.clone(),
+            status.clone(),
+            sync_period,
+            checks.clone(),
+        ));
+        let snapshot = || calls.lock().unwrap().clone();
+        for _ in 0..500 {
+            if request_check && snapshot() == ["program_all"] {
+                checks.notify_one();
+            }
+            if done(&snapshot()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.cancel();
+        task.await.unwrap();
+        let metrics = String::from_utf8(status.metrics().encode_all()).unwrap();
+        (snapshot(), metrics)
+    }
+
+    #[tokio::test]
+    async fn drift_found_by_the_periodic_check_is_counted_and_repaired_by_a_full_sync() {
+        let (calls, metrics) =
+            calls_until(Duration::from_millis(50), 1, false, |c| c.len() >= 4).await;
+        assert_eq!(
+            calls[..4],
+            ["program_all", "verify", "program_all", "verify"],
+            "{calls:?}"
+        );
+        assert!(
+            metrics.contains("ebpf_kube_proxy_datapath_drift_total{kind=\"element\"} 1"),
+            "{metrics}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_requested_check_runs_at_once_and_nothing_is_reprogrammed_without_drift() {
+        let hour = Duration::from_secs(3600);
+        let (calls, metrics) = calls_until(hour, 0, true, |c| c.len() >= 2).await;
+        assert_eq!(calls, ["program_all", "verify"]);
+        assert!(
+            metrics.contains("ebpf_kube_proxy_datapath_drift_total{kind=\"element\"} 0"),
+            "{metrics}"
+        );
+        let (calls, _) = calls_until(hour, 1, true, |c| c.len() >= 3).await;
+        assert_eq!(calls, ["program_all", "verify", "program_all"]);
     }
 
     #[test]

@@ -12,7 +12,9 @@ use crate::podinfo::client::PodInfoCommand;
 const DAEMON_HELP: &str = "\
 Without a subcommand the daemon runs: it watches the API server (or
 --manifests with --source file), programs the datapath and serves the
-localnet API, PodInfo and the status pages until SIGTERM.
+localnet API, PodInfo and the status pages until SIGTERM. Every
+--sync-period, and on SIGHUP, it checks that the kernel still holds what it
+programmed and repairs any difference.
 
 Examples:
   ebpf-kube-proxy --config=/var/lib/ebpf-kube-proxy/config.conf --hostname-override=$(NODE_NAME)

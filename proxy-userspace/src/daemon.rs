@@ -1,5 +1,6 @@
 //! Wires the daemon together: source → syncer → (localnet server, datapath,
-//! status servers), and shuts everything down on SIGTERM/SIGINT.
+//! status servers), and shuts everything down on SIGTERM/SIGINT. SIGHUP
+//! asks the datapath coordinator for a drift check.
 
 use std::sync::Arc;
 
@@ -30,10 +31,36 @@ enum Source {
     Kube(kube::Client, sources::kube::ApiServer),
 }
 
+/// Raises the soft open-files limit to the hard one: every client
+/// connection and watch takes a descriptor, and with the common soft limit
+/// of 1024 a few hundred idle clients would make accept() fail for the
+/// kubelet's probe.
+fn raise_open_files_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid, owned rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= lim.rlim_max {
+            return;
+        }
+        let from = lim.rlim_cur;
+        lim.rlim_cur = lim.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+            tracing::debug!(from, to = lim.rlim_max, "raised the open-files limit");
+        }
+    }
+}
+
 pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()> {
+    raise_open_files_limit();
     let shutdown = CancellationToken::new();
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    // SIGHUP: check the datapath for drift now (see apply::run).
+    let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    let drift_checks = Arc::new(tokio::sync::Notify::new());
 
     // Everything that can fail on bad configuration fails before serving.
     let source = match &config.source {
@@ -94,6 +121,20 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
         None => None,
     };
 
+    if let Some(gid) = config.socket_group {
+        for path in [&config.localnet_socket, &config.podinfo_socket]
+            .into_iter()
+            .flatten()
+        {
+            crate::grpc_unix::set_group(path, gid).with_context(|| {
+                format!(
+                    "--socket-group {gid}: giving {} to the group",
+                    path.display()
+                )
+            })?;
+        }
+    }
+
     let (source_tx, source_rx) = sources::channel();
     let (snapshot_tx, snapshot_rx) = crate::snapshot::snapshot_channel();
     let hcnp_snapshots = snapshot_rx.clone();
@@ -143,6 +184,7 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
             shutdown.clone(),
             status.clone(),
             config.sync_period,
+            drift_checks.clone(),
         );
         async move {
             run.await;
@@ -161,8 +203,9 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
         discoveries.push(service.discovery().clone());
         let cancel = shutdown.clone();
         let status = status.clone();
+        let grpc_limits = config.grpc_limits;
         tasks.spawn(async move {
-            let served = listeners.serve(service, cancel).await;
+            let served = listeners.serve(service, grpc_limits, cancel).await;
             status.set_localnet_listening(false);
             served.map_err(Into::into)
         });
@@ -171,14 +214,21 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
         let api = PodInfoApi::new(pods_rx, podinfo_limit, metrics, shutdown.clone()).await;
         discoveries.push(api.discovery().clone());
         let cancel = shutdown.clone();
-        tasks.spawn(async move { listener.serve(api, cancel).await.map_err(Into::into) });
+        let limits = config.grpc_limits;
+        tasks.spawn(async move {
+            listener
+                .serve(api, limits, cancel)
+                .await
+                .map_err(Into::into)
+        });
     }
     {
         let cancel = shutdown.clone();
         let status = status.clone();
+        let limits = config.http_limits;
         tasks.spawn(async move {
             status_servers
-                .serve(status, cancel)
+                .serve(status, limits, cancel)
                 .await
                 .map_err(Into::into)
         });
@@ -207,6 +257,10 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
             _ = sigint.recv() => {
                 tracing::info!("SIGINT received, shutting down");
                 break;
+            }
+            _ = sighup.recv() => {
+                tracing::info!("SIGHUP received, checking the datapath for drift");
+                drift_checks.notify_one();
             }
             // A component that ends cleanly (e.g. a listener disabled with
             // an empty address) is no reason to stop; a failing one is.

@@ -8,6 +8,7 @@
 //! tries eBPF and falls back to nftables with the reason in
 //! [`DatapathChoice`].
 
+pub mod drift;
 pub mod ebpf;
 pub mod nft;
 pub mod none;
@@ -18,6 +19,7 @@ use std::path::PathBuf;
 use crate::model::claims::Claims;
 use crate::model::{LocalState, ObjectKey, ServiceEndpoints};
 use crate::net::Cidr;
+pub use drift::{Drift, DriftKind};
 
 /// Which datapath runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -91,6 +93,16 @@ pub trait Datapath: Send {
         changed: &[ServiceChange<'_>],
         claims: &Claims,
     ) -> Result<ApplyStats, DatapathError>;
+    /// Reads back what the kernel holds and compares it with what this
+    /// datapath last programmed: every difference, in a stable order
+    /// (`Ok(vec![])`: none). The coordinator calls it on the
+    /// `--sync-period` timer and on SIGHUP, only after a successful apply,
+    /// and answers any difference with [`Datapath::program_all`]: that
+    /// full sync must repair what was found (so it must not trust a record
+    /// of its own that the kernel contradicts).
+    fn verify(&mut self) -> Result<Vec<Drift>, DatapathError> {
+        Ok(Vec::new())
+    }
     /// Registers the families only this datapath has (the nftables ones of
     /// SPEC §5.1) on `/metrics`.
     fn register_metrics(

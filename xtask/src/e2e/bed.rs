@@ -497,6 +497,12 @@ impl Bed {
         }
     }
 
+    /// Sends `signal` (`HUP`, …) to the running daemon.
+    pub fn signal_daemon(&self, signal: &str) -> Result<()> {
+        let d = self.daemon.as_ref().context("the daemon is not running")?;
+        run(Command::new("kill").args([&format!("-{signal}"), &d.id().to_string()]))
+    }
+
     /// SIGTERM and wait.
     pub fn stop_daemon(&mut self) -> Result<()> {
         if let Some(mut d) = self.daemon.take() {

@@ -130,6 +130,22 @@ pub fn all() -> Vec<Scenario> {
             name: "contested-address-owned-by-the-older-service",
             run: claims::contested_address_goes_to_the_older_then_the_next,
         },
+        Scenario {
+            name: "drift-deleted-service-entry-repaired-within-a-sync-period",
+            run: drift::deleted_entry_repaired_within_a_sync_period,
+        },
+        Scenario {
+            name: "drift-check-on-sighup-repairs-at-once",
+            run: drift::sighup_checks_at_once,
+        },
+        Scenario {
+            name: "drift-detached-ebpf-program-attached-again",
+            run: drift::detached_program_reattached,
+        },
+        Scenario {
+            name: "drift-flushed-or-deleted-nft-table-repaired",
+            run: drift::flushed_and_deleted_table_repaired,
+        },
     ]
 }
 
@@ -137,6 +153,7 @@ mod claims;
 mod cleanup;
 mod client;
 mod clusterip;
+mod drift;
 mod external;
 mod manifests;
 mod restart;

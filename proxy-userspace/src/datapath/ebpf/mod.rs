@@ -13,6 +13,10 @@
 //!   LocalStates into ordered map writes ([`plan`]) and runs them
 //!   ([`maps`]).
 //! * [`dump`] decodes the pinned maps; [`cleanup`] removes links and pins.
+//! * [`Datapath::verify`] reads the maps back and looks at the link pins
+//!   ([`drift`]); after a difference the next full apply plans against
+//!   what the kernel holds and, when a link pin was gone, loads and
+//!   attaches the programs again first.
 //!
 //! A service without a usable endpoint keeps a header with count 0: the
 //! hook refuses connect()/sendmsg() at once with EPERM, the socket-level
@@ -21,6 +25,7 @@
 pub mod codec;
 pub mod counters;
 pub mod desired;
+pub mod drift;
 pub mod dump;
 pub mod loader;
 pub mod maps;
@@ -31,7 +36,9 @@ use std::path::{Path, PathBuf};
 
 use crate::model::{LocalState, ObjectKey};
 
-use super::{ApplyStats, Datapath, DatapathConfig, DatapathError, Dump, ProxyMode, ServiceChange};
+use super::{
+    ApplyStats, Datapath, DatapathConfig, DatapathError, Drift, Dump, ProxyMode, ServiceChange,
+};
 use crate::model::claims::Claims;
 use codec::Vip;
 use desired::DesiredService;
@@ -155,6 +162,11 @@ pub struct EbpfDatapath {
     owned: HashMap<ObjectKey, Vec<Vip>>,
     /// `--bpffs-root`, where the maps are pinned.
     root: PathBuf,
+    /// Where the programs attach, to attach them again.
+    config: EbpfConfig,
+    /// A link pin was found missing: the next full apply loads and
+    /// attaches the programs again.
+    relink: bool,
 }
 
 impl std::fmt::Debug for EbpfDatapath {
@@ -188,7 +200,24 @@ impl EbpfDatapath {
             view,
             owned: HashMap::new(),
             root: config.bpffs_root.clone(),
+            config: config.clone(),
+            relink: false,
         })
+    }
+
+    /// Loads and attaches the programs again (the pinned maps are reused),
+    /// replacing every link, and reads the maps back.
+    fn relink(&mut self) -> Result<(), EbpfError> {
+        let attached = loader::load_and_attach(OBJECT, &self.config)?;
+        self.view = attached.maps.read_view()?;
+        self.maps = attached.maps;
+        self.relink = false;
+        tracing::info!(
+            cgroup = %attached.cgroup.display(),
+            replaced_links = attached.replaced_links,
+            "eBPF programs attached again"
+        );
+        Ok(())
     }
 
     fn apply_changes(&mut self, changes: Vec<Change<'_>>) -> Result<ApplyStats, EbpfError> {
@@ -263,6 +292,32 @@ impl Datapath for EbpfDatapath {
         }])
     }
 
+    fn verify(&mut self) -> Result<Vec<Drift>, DatapathError> {
+        let mut out = drift::missing_links(&self.root);
+        self.relink |= !out.is_empty();
+        let found = self.maps.read_view()?;
+        // Who owns a VIP: worked out only when something differs.
+        let owners: std::cell::OnceCell<HashMap<Vip, &ObjectKey>> = std::cell::OnceCell::new();
+        let owner = |vip: &Vip| {
+            owners
+                .get_or_init(|| {
+                    let owned = self.owned.iter();
+                    owned
+                        .flat_map(|(key, vips)| vips.iter().map(move |vip| (*vip, key)))
+                        .collect()
+                })
+                .get(vip)
+                .map(ToString::to_string)
+        };
+        let in_maps = drift::compare(&self.view, &found, &owner);
+        if !in_maps.is_empty() {
+            // The next full apply plans against what is really there.
+            self.view = found;
+        }
+        out.extend(in_maps);
+        Ok(out)
+    }
+
     /// Every owned VIP of `next` against the whole view; VIPs in the maps
     /// that `next` does not have are removed.
     fn program_all(
@@ -270,6 +325,9 @@ impl Datapath for EbpfDatapath {
         next: &LocalState,
         claims: &Claims,
     ) -> Result<ApplyStats, DatapathError> {
+        if self.relink {
+            self.relink()?;
+        }
         let desired = desired::desired_state(next, claims);
         let wanted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
         let mut stale: Vec<Vip> = self

@@ -117,6 +117,10 @@ impl Programmed {
         self.backends.get(&id).copied()
     }
 
+    pub fn backends(&self) -> impl Iterator<Item = (u32, BackendAddr)> + '_ {
+        self.backends.iter().map(|(id, addr)| (*id, *addr))
+    }
+
     pub fn backend_count(&self) -> usize {
         self.backends.len()
     }

@@ -26,6 +26,7 @@
 
 pub mod batch;
 pub mod conntrack;
+pub mod drift;
 pub mod expr;
 pub mod nlsock;
 pub mod rules;
@@ -38,7 +39,9 @@ use std::time::Instant;
 use serde_json::json;
 use serde_json::Value;
 
-use super::{ApplyStats, Datapath, DatapathConfig, DatapathError, Dump, ProxyMode, ServiceChange};
+use super::{
+    ApplyStats, Datapath, DatapathConfig, DatapathError, Drift, Dump, ProxyMode, ServiceChange,
+};
 use crate::model::claims::{Claims, Frontend, FrontendIp};
 use crate::model::{LocalState, ObjectKey, Protocol, ServiceEndpoints};
 use crate::net::Cidr;
@@ -555,6 +558,12 @@ impl Datapath for NftDatapath {
     ) -> Result<(), prometheus::Error> {
         self.metrics = Some(NftMetrics::register(registry)?);
         Ok(())
+    }
+
+    /// A full sync refills both tables from scratch, so it repairs
+    /// whatever [`drift::verify`] finds.
+    fn verify(&mut self) -> Result<Vec<Drift>, DatapathError> {
+        Ok(drift::verify(self)?)
     }
 
     fn dump(_: &DatapathConfig) -> Result<Option<Dump>, DatapathError> {

@@ -1,0 +1,640 @@
+//! Drift in the nftables datapath: each family's table read back over
+//! netlink (chains with their rule counts, sets and maps, the elements of
+//! the maps and the hairpin set) against what the datapath programmed.
+//!
+//! Rules are compared by count, not by content (a flushed chain, a
+//! deleted or an added rule all change the count), and only in the chains
+//! every table has ([`counted_chains`]): dumping every rule of a table at
+//! 10,000 services takes the kernel seconds. Service chains are checked
+//! for being there. The elements of affinity sets are the kernel's own
+//! (the rules add them), so only the sets themselves are compared.
+//!
+//! [`compare`] is pure; [`read`] does the netlink dumps.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use super::batch::{self, Family, NFT_GOTO, NFT_JUMP, NFT_RETURN, NF_ACCEPT, NF_DROP};
+use super::expr::{key_bytes, key_text, KeyPart};
+use super::nlsock::{
+    attr_str, attrs, errno_of, messages, push_message, Attrs, Socket, NFNL_SUBSYS_NFTABLES,
+    NLMSG_DONE, NLMSG_ERROR, NLM_F_DUMP, NLM_F_REQUEST,
+};
+use super::rules::{self, TABLE};
+use super::{has_table, NftDatapath, NftError};
+use crate::datapath::drift::{Drift, DriftKind, ABSENT};
+
+// enum nf_tables_msg_types
+const GETRULE: u16 = 7;
+const GETSETELEM: u16 = 13;
+
+/// An element's data: `Some((verdict code, chain))` in a verdict map,
+/// `None` in a plain set.
+pub type ElementData = Option<(i32, Option<String>)>;
+
+/// An element's identity: its set or map (one of [`rules::BASE_SETS`])
+/// and its key bytes.
+pub type ElementKey = (&'static str, Vec<u8>);
+
+/// What one family's table holds, as far as the check compares it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TableContents {
+    /// Chain name → number of rules, where counted (see
+    /// [`counted_chains`]).
+    pub chains: HashMap<String, Option<usize>>,
+    /// Set or map name → timeout in milliseconds (0: none).
+    pub sets: HashMap<String, u64>,
+    /// The elements of the sets of [`rules::BASE_SETS`].
+    pub elements: HashMap<ElementKey, ElementData>,
+}
+
+/// What the datapath programmed in one family, with the service each
+/// map element belongs to.
+#[derive(Clone, Debug, Default)]
+pub struct Expected {
+    pub contents: TableContents,
+    pub owners: HashMap<ElementKey, String>,
+}
+
+/// The chains whose rules are counted: the hooked and helper chains every
+/// table has (a flushed table, a flushed or edited base chain). A service
+/// chain is checked for being there, not for its rules: counting those
+/// means dumping every rule of the table, about 90,000 at 10,000 services
+/// and 100,000 endpoints, which takes the kernel seconds.
+pub fn counted_chains() -> impl Iterator<Item = &'static str> {
+    rules::BASE_CHAINS
+        .iter()
+        .map(|c| c.0)
+        .chain(rules::HELPER_CHAINS)
+        .chain([rules::INFO_CHAIN])
+}
+
+/// What `dp` programmed in family `f`.
+pub fn expected(dp: &NftDatapath, f: Family) -> Expected {
+    let mut c = TableContents::default();
+    for name in counted_chains() {
+        c.chains.insert(name.to_owned(), Some(0));
+    }
+    for (chain, _) in rules::base_rules(f, &dp.nodeport_addresses) {
+        if let Some(n) = c.chains.entry(chain.to_owned()).or_insert(Some(0)) {
+            *n += 1;
+        }
+    }
+    c.sets = rules::BASE_SETS
+        .iter()
+        .map(|s| ((*s).to_owned(), 0))
+        .collect();
+    let mut owners = HashMap::new();
+    for ((service, fam), objs) in &dp.programmed {
+        if *fam != f {
+            continue;
+        }
+        for name in objs.chains.keys() {
+            c.chains.insert(name.clone(), None);
+        }
+        for (name, secs) in &objs.sets {
+            c.sets.insert(name.clone(), u64::from(*secs) * 1000);
+        }
+        for ((map, key), verdict) in &objs.elements {
+            let k = (*map, key_bytes(key));
+            let (code, chain) = verdict.code();
+            c.elements
+                .insert(k.clone(), Some((code, chain.map(str::to_owned))));
+            owners.insert(k, service.to_string());
+        }
+    }
+    for (fam, ip) in dp.hairpin_refs.keys() {
+        if *fam == f {
+            let key = key_bytes(&[KeyPart::Addr(*ip), KeyPart::Addr(*ip)]);
+            c.elements.insert((rules::HAIRPIN, key), None);
+        }
+    }
+    Expected {
+        contents: c,
+        owners,
+    }
+}
+
+/// Every difference in both families of `dp`'s tables.
+pub fn verify(dp: &NftDatapath) -> Result<Vec<Drift>, NftError> {
+    let mut out = Vec::new();
+    for f in Family::ALL {
+        let found = read(f)?;
+        out.extend(compare(f, &expected(dp, f), found.as_ref()));
+    }
+    Ok(out)
+}
+
+/// A dump request with `attributes` (a filter); calls `each` with every
+/// answer's attributes.
+fn dump(
+    sock: &Socket,
+    kind: u16,
+    family: u8,
+    attributes: &[u8],
+    mut each: impl FnMut(&[u8]),
+) -> io::Result<()> {
+    let mut b = Vec::new();
+    push_message(
+        &mut b,
+        (NFNL_SUBSYS_NFTABLES << 8) | kind,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        1,
+        family,
+        0,
+        attributes,
+    );
+    sock.send(&b)?;
+    let mut buf = vec![0u8; 1 << 20];
+    // Bounded: a dump ends with NLMSG_DONE; the cap only guards against a
+    // kernel that never says so.
+    for _ in 0..1_000_000 {
+        let n = sock.recv(&mut buf, 0)?;
+        for (k, _flags, _seq, payload) in messages(&buf[..n]) {
+            match k {
+                NLMSG_DONE => return Ok(()),
+                NLMSG_ERROR if errno_of(payload) != 0 => {
+                    return Err(io::Error::from_raw_os_error(errno_of(payload)))
+                }
+                NLMSG_ERROR => {}
+                _ if payload.len() >= 4 => each(&payload[4..]),
+                _ => {}
+            }
+        }
+    }
+    Err(io::Error::other("netlink dump did not end"))
+}
+
+/// The table of family `f` as the kernel holds it; `None` when absent.
+pub fn read(f: Family) -> Result<Option<TableContents>, NftError> {
+    let fam = f.nfproto_u8();
+    let err = |what: &str, e: io::Error| {
+        NftError::Exec(format!(
+            "reading back table {} {TABLE}: {what}: {e}",
+            f.nft()
+        ))
+    };
+    if !has_table(f)? {
+        return Ok(None);
+    }
+    let (chains, sets) = batch::list_objects(fam, TABLE).map_err(|e| err("chains and sets", e))?;
+    let mut c = TableContents {
+        chains: chains
+            .into_iter()
+            .map(|n| (n, None))
+            .collect::<HashMap<_, _>>(),
+        sets: sets.into_iter().map(|s| (s.name, s.timeout_ms)).collect(),
+        elements: HashMap::new(),
+    };
+    let sock = Socket::open().map_err(|e| err("netlink socket", e))?;
+    for chain in counted_chains() {
+        let Some(count) = c.chains.get_mut(chain) else {
+            continue;
+        };
+        let mut n = 0;
+        let mut filter = Attrs::default();
+        filter.str(1, TABLE).str(2, chain);
+        dump(&sock, GETRULE, fam, &filter.buf, |a| {
+            n += usize::from(rule_chain(a).is_some_and(|c| c == chain));
+        })
+        .map_err(|e| err(chain, e))?;
+        *count = Some(n);
+    }
+    for set in rules::BASE_SETS {
+        if !c.sets.contains_key(set) {
+            continue;
+        }
+        let mut filter = Attrs::default();
+        filter.str(1, TABLE).str(2, set);
+        dump(&sock, GETSETELEM, fam, &filter.buf, |a| {
+            for (key, data) in elements_of(a) {
+                c.elements.insert((set, key), data);
+            }
+        })
+        .map_err(|e| err(set, e))?;
+    }
+    Ok(Some(c))
+}
+
+/// The chain of one object of a `GETRULE` dump of our table.
+fn rule_chain(attributes: &[u8]) -> Option<String> {
+    let a = attrs(attributes);
+    let table = a.iter().find(|(k, _)| *k == 1).map(|(_, v)| attr_str(v))?;
+    let chain = a.iter().find(|(k, _)| *k == 2).map(|(_, v)| attr_str(v))?;
+    (table == TABLE).then_some(chain)
+}
+
+fn nested(buf: &[u8], kind: u16) -> Option<&[u8]> {
+    attrs(buf)
+        .into_iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, v)| v)
+}
+
+/// The elements in one object of a `GETSETELEM` dump: key bytes and data.
+pub fn elements_of(attributes: &[u8]) -> Vec<(Vec<u8>, ElementData)> {
+    let Some(list) = nested(attributes, 3) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (kind, elem) in attrs(list) {
+        if kind != 1 {
+            continue;
+        }
+        let Some(key) = nested(elem, 1).and_then(|k| nested(k, 1)) else {
+            continue;
+        };
+        let data = nested(elem, 2).and_then(|d| nested(d, 2)).map(|v| {
+            let code = nested(v, 1)
+                .and_then(|c| <[u8; 4]>::try_from(c).ok())
+                .map(i32::from_be_bytes)
+                .unwrap_or(i32::MIN);
+            (code, nested(v, 2).map(attr_str))
+        });
+        out.push((key.to_vec(), data));
+    }
+    out
+}
+
+/// A key as `nft` prints it, from its bytes in `set` of family `f`.
+pub fn key_display(f: Family, set: &str, bytes: &[u8]) -> String {
+    let addr_len = f.addr_len() as usize;
+    let shape: &[usize] = match set {
+        rules::SERVICE_IPS | rules::NO_ENDPOINT_SERVICES => &[addr_len, 1, 2],
+        rules::SERVICE_NODEPORTS | rules::NO_ENDPOINT_NODEPORTS => &[1, 2],
+        rules::HAIRPIN => &[addr_len, addr_len],
+        _ => &[],
+    };
+    let mut parts = Vec::new();
+    let mut at = 0;
+    for &len in shape {
+        let Some(b) = bytes.get(at..at + len) else {
+            break;
+        };
+        parts.push(match b {
+            [p] => KeyPart::Proto(*p),
+            [hi, lo] => KeyPart::Port(u16::from_be_bytes([*hi, *lo])),
+            [a, b, c, d] => KeyPart::Addr(IpAddr::V4(Ipv4Addr::new(*a, *b, *c, *d))),
+            _ => match <[u8; 16]>::try_from(b) {
+                Ok(o) => KeyPart::Addr(IpAddr::V6(Ipv6Addr::from(o))),
+                Err(_) => break,
+            },
+        });
+        // Every part of a concatenation takes whole 4-byte registers.
+        at += len.next_multiple_of(4);
+    }
+    if shape.is_empty() || parts.len() != shape.len() || at != bytes.len() {
+        return bytes.iter().map(|b| format!("{b:02x}")).collect();
+    }
+    key_text(&parts)
+}
+
+/// An element's data as `nft` prints it.
+pub fn data_display(d: &ElementData) -> String {
+    let Some((code, chain)) = d else {
+        return "present".to_owned();
+    };
+    let chain = chain.as_deref().unwrap_or("?");
+    match *code {
+        NF_ACCEPT => "accept".to_owned(),
+        NF_DROP => "drop".to_owned(),
+        NFT_RETURN => "return".to_owned(),
+        NFT_JUMP => format!("jump {chain}"),
+        NFT_GOTO => format!("goto {chain}"),
+        other => format!("verdict {other}"),
+    }
+}
+
+fn chain_text(n: Option<&Option<usize>>) -> String {
+    match n {
+        None => ABSENT.to_owned(),
+        Some(Some(n)) => format!("chain, {n} rules"),
+        Some(None) => "chain".to_owned(),
+    }
+}
+
+fn timeout_text(ms: u64) -> String {
+    if ms == 0 {
+        "no timeout".to_owned()
+    } else {
+        format!("timeout {}s", ms / 1000)
+    }
+}
+
+/// The keys whose values differ between `a` and `b` (absent on one side
+/// included), sorted: one lookup per entry, no union built.
+fn differing<'a, K: Ord + Hash + Eq, V: PartialEq>(
+    a: &'a HashMap<K, V>,
+    b: &'a HashMap<K, V>,
+) -> Vec<&'a K> {
+    let mut out: Vec<&K> = a
+        .iter()
+        .filter(|(k, v)| b.get(*k) != Some(*v))
+        .map(|(k, _)| k)
+        .collect();
+    out.extend(b.keys().filter(|k| !a.contains_key(*k)));
+    out.sort_unstable();
+    out
+}
+
+/// Every difference in family `f` between what was programmed and what
+/// the kernel holds (`None`: no table). A missing chain or set is one
+/// difference, not one per rule or element in it.
+pub fn compare(f: Family, expected: &Expected, found: Option<&TableContents>) -> Vec<Drift> {
+    let object = |name: &str| format!("{} {TABLE} {name}", f.nft());
+    let Some(found) = found else {
+        return vec![Drift::new(
+            DriftKind::Table,
+            format!("{} {TABLE}", f.nft()),
+            "",
+            "present",
+            ABSENT,
+        )];
+    };
+    let e = &expected.contents;
+    let mut out = Vec::new();
+    for name in differing(&e.chains, &found.chains) {
+        let (kind, want, got) = match (e.chains.get(name), found.chains.get(name)) {
+            // Rules are compared where both sides counted them.
+            (Some(Some(a)), Some(Some(b))) => {
+                (DriftKind::Rules, format!("{a} rules"), format!("{b} rules"))
+            }
+            (Some(_), Some(_)) => continue,
+            (a, b) => (DriftKind::Chain, chain_text(a), chain_text(b)),
+        };
+        out.push(
+            Drift::new(kind, object(name), "", want, got).for_service(rules::service_of(name)),
+        );
+    }
+    for name in differing(&e.sets, &found.sets) {
+        let text = |t: Option<&u64>| t.map_or_else(|| ABSENT.to_owned(), |ms| timeout_text(*ms));
+        out.push(
+            Drift::new(
+                DriftKind::Set,
+                object(name),
+                "",
+                text(e.sets.get(name)),
+                text(found.sets.get(name)),
+            )
+            .for_service(rules::service_of(name)),
+        );
+    }
+    // Elements only where the set is in both: a missing set is reported
+    // above, and an unexpected one is not ours to read.
+    let comparable = |set: &str| e.sets.contains_key(set) && found.sets.contains_key(set);
+    for k in differing(&e.elements, &found.elements) {
+        let (set, bytes) = k;
+        if !comparable(set) {
+            continue;
+        }
+        let (a, b) = (e.elements.get(k), found.elements.get(k));
+        let service = expected.owners.get(k).cloned().or_else(|| {
+            b.and_then(|d| d.as_ref())
+                .and_then(|(_, chain)| chain.as_deref())
+                .and_then(rules::service_of)
+        });
+        let text = |d: Option<&ElementData>| d.map_or_else(|| ABSENT.to_owned(), data_display);
+        out.push(
+            Drift::new(
+                DriftKind::Element,
+                object(set),
+                key_display(f, set, bytes),
+                text(a),
+                text(b),
+            )
+            .for_service(service),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::nlsock::NFTA_LIST_ELEM;
+    use super::*;
+
+    const WEB_CHAIN: &str = "svc-default/web/tcp/http";
+
+    fn web_key() -> ElementKey {
+        let ip: IpAddr = "10.96.0.10".parse().unwrap();
+        (
+            rules::SERVICE_IPS,
+            key_bytes(&[KeyPart::Addr(ip), KeyPart::Proto(6), KeyPart::Port(80)]),
+        )
+    }
+
+    /// A table with one service: its chain (rules not counted), its
+    /// service-ips element and a hairpin element; helper chains `services`
+    /// (1 rule) and `masquerading` (2 rules).
+    fn programmed() -> Expected {
+        let mut c = TableContents::default();
+        c.chains.insert("services".into(), Some(1));
+        c.chains.insert("masquerading".into(), Some(2));
+        c.chains.insert(WEB_CHAIN.into(), None);
+        c.sets.insert(rules::SERVICE_IPS.into(), 0);
+        c.sets.insert(rules::HAIRPIN.into(), 0);
+        c.sets.insert("aff-default/web/tcp/http".into(), 10_800_000);
+        c.elements
+            .insert(web_key(), Some((NFT_GOTO, Some(WEB_CHAIN.into()))));
+        let ip: IpAddr = "10.244.1.11".parse().unwrap();
+        c.elements.insert(
+            (
+                rules::HAIRPIN,
+                key_bytes(&[KeyPart::Addr(ip), KeyPart::Addr(ip)]),
+            ),
+            None,
+        );
+        Expected {
+            owners: HashMap::from([(web_key(), "default/web".to_owned())]),
+            contents: c,
+        }
+    }
+
+    fn found(edit: impl FnOnce(&mut TableContents)) -> TableContents {
+        let mut c = programmed().contents;
+        edit(&mut c);
+        c
+    }
+
+    #[test]
+    fn a_table_as_programmed_has_no_drift() {
+        let f = found(|_| {});
+        assert_eq!(compare(Family::V4, &programmed(), Some(&f)), vec![]);
+    }
+
+    #[test]
+    fn a_deleted_table_is_one_difference() {
+        let d = compare(Family::V6, &programmed(), None);
+        assert_eq!(
+            d,
+            vec![Drift::new(
+                DriftKind::Table,
+                "ip6 ebpf-kube-proxy",
+                "",
+                "present",
+                "absent"
+            )]
+        );
+    }
+
+    #[test]
+    fn a_deleted_map_element_names_the_service_the_key_and_the_verdict() {
+        let f = found(|c| {
+            c.elements.remove(&web_key());
+        });
+        let d = compare(Family::V4, &programmed(), Some(&f));
+        assert_eq!(
+            d,
+            vec![Drift {
+                kind: DriftKind::Element,
+                object: "ip ebpf-kube-proxy service-ips".into(),
+                key: "10.96.0.10 . tcp . 80".into(),
+                service: Some("default/web".into()),
+                expected: format!("goto {WEB_CHAIN}"),
+                found: "absent".into(),
+            }]
+        );
+    }
+
+    #[test]
+    fn flushed_rules_changed_verdicts_and_added_elements_are_reported() {
+        let stray: IpAddr = "10.96.0.99".parse().unwrap();
+        let stray_key = key_bytes(&[KeyPart::Addr(stray), KeyPart::Proto(17), KeyPart::Port(53)]);
+        let f = found(|c| {
+            for n in c.chains.values_mut().flatten() {
+                *n = 0;
+            }
+            c.elements.insert(web_key(), Some((NF_DROP, None)));
+            c.elements
+                .insert((rules::SERVICE_IPS, stray_key), Some((NF_ACCEPT, None)));
+        });
+        let d = compare(Family::V4, &programmed(), Some(&f));
+        let summary: Vec<(DriftKind, &str, &str, &str)> = d
+            .iter()
+            .map(|d| {
+                (
+                    d.kind,
+                    d.key.as_str(),
+                    d.expected.as_str(),
+                    d.found.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (DriftKind::Rules, "", "2 rules", "0 rules"),
+                (DriftKind::Rules, "", "1 rules", "0 rules"),
+                (
+                    DriftKind::Element,
+                    "10.96.0.10 . tcp . 80",
+                    "goto svc-default/web/tcp/http",
+                    "drop"
+                ),
+                (
+                    DriftKind::Element,
+                    "10.96.0.99 . udp . 53",
+                    "absent",
+                    "accept"
+                ),
+            ]
+        );
+        assert_eq!(d[2].service.as_deref(), Some("default/web"));
+    }
+
+    #[test]
+    fn a_deleted_chain_or_set_is_one_difference_not_one_per_content() {
+        let f = found(|c| {
+            c.chains.remove(WEB_CHAIN);
+            c.sets.remove(rules::SERVICE_IPS);
+            c.elements.remove(&web_key());
+            c.sets.insert("aff-default/web/tcp/http".into(), 60_000);
+        });
+        let d = compare(Family::V4, &programmed(), Some(&f));
+        let summary: Vec<(DriftKind, &str, &str, &str)> = d
+            .iter()
+            .map(|d| {
+                (
+                    d.kind,
+                    d.object.as_str(),
+                    d.expected.as_str(),
+                    d.found.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (
+                    DriftKind::Chain,
+                    "ip ebpf-kube-proxy svc-default/web/tcp/http",
+                    "chain",
+                    "absent"
+                ),
+                (
+                    DriftKind::Set,
+                    "ip ebpf-kube-proxy aff-default/web/tcp/http",
+                    "timeout 10800s",
+                    "timeout 60s"
+                ),
+                (
+                    DriftKind::Set,
+                    "ip ebpf-kube-proxy service-ips",
+                    "no timeout",
+                    "absent"
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn keys_decode_as_nft_prints_them_in_both_families() {
+        let v6: IpAddr = "fd00::10".parse().unwrap();
+        let k = key_bytes(&[KeyPart::Addr(v6), KeyPart::Proto(6), KeyPart::Port(443)]);
+        assert_eq!(
+            key_display(Family::V6, rules::NO_ENDPOINT_SERVICES, &k),
+            "fd00::10 . tcp . 443"
+        );
+        let np = key_bytes(&[KeyPart::Proto(17), KeyPart::Port(30053)]);
+        assert_eq!(
+            key_display(Family::V4, rules::SERVICE_NODEPORTS, &np),
+            "udp . 30053"
+        );
+        let (_, web) = web_key();
+        assert_eq!(
+            key_display(Family::V4, rules::SERVICE_IPS, &web),
+            "10.96.0.10 . tcp . 80"
+        );
+        // Not the shape of the set: the bytes, not a wrong address.
+        assert_eq!(
+            key_display(Family::V4, rules::SERVICE_NODEPORTS, &[1, 2]),
+            "0102"
+        );
+    }
+
+    #[test]
+    fn elements_decode_from_a_dump_message() {
+        // The layout the kernel answers GETSETELEM with (and that the
+        // datapath writes): table, set, then the element list.
+        let mut a = Attrs::default();
+        let (_, web) = web_key();
+        a.str(1, TABLE).str(2, rules::SERVICE_IPS).nest(3, |list| {
+            list.nest(NFTA_LIST_ELEM, |el| {
+                el.data_value(1, &web);
+                el.data_verdict(2, NFT_GOTO, Some(WEB_CHAIN));
+            });
+            list.nest(NFTA_LIST_ELEM, |el| {
+                el.data_value(1, &[10, 0, 0, 1, 10, 0, 0, 1]);
+            });
+        });
+        assert_eq!(
+            elements_of(&a.buf),
+            vec![
+                (web, Some((NFT_GOTO, Some(WEB_CHAIN.to_owned())))),
+                (vec![10, 0, 0, 1, 10, 0, 0, 1], None),
+            ]
+        );
+    }
+}
