@@ -50,9 +50,10 @@ fn e2e_command(root: &Path, args: &[String]) -> Result<()> {
 /// Builds what the suite runs (the eBPF object first, so the daemon embeds
 /// it), runs it and prints the closing `N passed, N failed` line.
 fn e2e_suite(root: &Path, opts: &e2e::Options) -> Result<()> {
-    // `dump` and `cleanup` of the nftables datapath run `nft`.
+    // `dump` and `cleanup` of the nftables datapath run `nft`; the
+    // capabilities scenario starts the daemon through `capsh`.
     if is_root() {
-        ensure_debian_packages(&[("nft", "nftables")])?;
+        ensure_debian_packages(&[("nft", "nftables"), ("capsh", "libcap2-bin")])?;
     }
     if opts.proxy_mode == "ebpf" || opts.proxy_mode == "auto" {
         ebpf::build(root, true)?;

@@ -71,6 +71,10 @@ pub struct Bed {
     pub daemon_env: Vec<(String, String)>,
     /// Extra command-line arguments for the daemon.
     pub daemon_args: Vec<String>,
+    /// A command the daemon is started through, inside the node netns
+    /// (`capsh --drop=...`): it must exec the daemon's command line that
+    /// follows it, so the child's process id stays the daemon's.
+    pub daemon_wrapper: Vec<OsString>,
     /// The daemon's unix sockets.
     pub localnet_socket: PathBuf,
     pub podinfo_socket: PathBuf,
@@ -140,6 +144,7 @@ impl Bed {
             kubeconfig: None,
             daemon_env: Vec::new(),
             daemon_args: Vec::new(),
+            daemon_wrapper: Vec::new(),
             localnet_socket,
             podinfo_socket,
             last_args: Vec::new(),
@@ -394,6 +399,11 @@ impl Bed {
         self.daemon.is_some()
     }
 
+    /// The daemon's process id (nsenter execs it, so the child's own id).
+    pub fn daemon_pid(&self) -> Option<u32> {
+        self.daemon.as_ref().map(Child::id)
+    }
+
     /// Starts the daemon and waits until it has published a state.
     pub fn start_daemon(&mut self) -> Result<()> {
         if !self.dir.join("manifests/scenario.yaml").exists() {
@@ -447,6 +457,7 @@ impl Bed {
         self.last_args = args.clone();
         let child = Command::new("nsenter")
             .arg(format!("--net=/run/netns/{}", self.node_netns))
+            .args(&self.daemon_wrapper)
             .arg(&self.daemon_bin)
             .args(&args)
             .env("RUST_LOG", "info")

@@ -146,9 +146,14 @@ pub fn all() -> Vec<Scenario> {
             name: "drift-flushed-or-deleted-nft-table-repaired",
             run: drift::flushed_and_deleted_table_repaired,
         },
+        Scenario {
+            name: "caps-daemon-runs-with-only-the-needed-capabilities",
+            run: caps::daemon_runs_with_only_the_needed_capabilities,
+        },
     ]
 }
 
+mod caps;
 mod claims;
 mod cleanup;
 mod client;

@@ -168,23 +168,29 @@ fn effective_caps() -> Option<u64> {
 
 const CAP_NET_ADMIN: u32 = 12;
 const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
 /// Names of the capabilities `caps` lacks for loading and attaching
-/// cgroup sock_addr programs (CAP_SYS_ADMIN covers both on any kernel).
+/// cgroup sock_addr programs (CAP_SYS_ADMIN covers all on any kernel).
+/// CAP_PERFMON: without it the verifier applies its Spectre v1 rules and
+/// refuses the programs' stack pointer arithmetic with a bare EACCES
+/// ("pointer arithmetic ... prohibited for !root"), so it is asked for
+/// here, by name, before loading.
 pub fn missing_caps(caps: u64) -> Vec<&'static str> {
     let has = |c: u32| caps & (1u64 << c) != 0;
     if has(CAP_SYS_ADMIN) {
         return vec![];
     }
-    let mut missing = vec![];
-    if !has(CAP_BPF) {
-        missing.push("CAP_BPF");
-    }
-    if !has(CAP_NET_ADMIN) {
-        missing.push("CAP_NET_ADMIN");
-    }
-    missing
+    [
+        (CAP_BPF, "CAP_BPF"),
+        (CAP_NET_ADMIN, "CAP_NET_ADMIN"),
+        (CAP_PERFMON, "CAP_PERFMON"),
+    ]
+    .into_iter()
+    .filter(|(c, _)| !has(*c))
+    .map(|(_, name)| name)
+    .collect()
 }
 
 fn check_capabilities() -> Result<(), EbpfError> {
@@ -256,10 +262,15 @@ fn mount_bpffs(at: &Path) -> Result<(), EbpfError> {
         )
     };
     if rc != 0 {
-        return Err(err(format!(
-            "mount -t bpf failed: {}",
-            io::Error::last_os_error()
-        )));
+        let e = io::Error::last_os_error();
+        // Mounting is the one step that needs CAP_SYS_ADMIN; the DaemonSet
+        // leaves it to its init container so the daemon runs without it.
+        let hint = if e.raw_os_error() == Some(libc::EPERM) {
+            " (mounting needs CAP_SYS_ADMIN: mount bpffs at /sys/fs/bpf before starting the daemon, as deploy/daemonset.yaml's init container does)"
+        } else {
+            ""
+        };
+        return Err(err(format!("mount -t bpf failed: {e}{hint}")));
     }
     tracing::info!(path = %at.display(), "mounted bpffs");
     Ok(())
@@ -654,8 +665,19 @@ mod tests {
     #[test]
     fn capabilities_needed_for_cgroup_sock_addr_programs() {
         assert!(missing_caps(1 << CAP_SYS_ADMIN).is_empty());
-        assert!(missing_caps((1 << CAP_BPF) | (1 << CAP_NET_ADMIN)).is_empty());
-        assert_eq!(missing_caps(0), vec!["CAP_BPF", "CAP_NET_ADMIN"]);
-        assert_eq!(missing_caps(1 << CAP_BPF), vec!["CAP_NET_ADMIN"]);
+        let needed = (1 << CAP_BPF) | (1 << CAP_NET_ADMIN) | (1 << CAP_PERFMON);
+        assert!(missing_caps(needed).is_empty());
+        assert_eq!(
+            missing_caps(0),
+            vec!["CAP_BPF", "CAP_NET_ADMIN", "CAP_PERFMON"]
+        );
+        assert_eq!(
+            missing_caps(1 << CAP_BPF),
+            vec!["CAP_NET_ADMIN", "CAP_PERFMON"]
+        );
+        assert_eq!(
+            missing_caps(needed & !(1 << CAP_PERFMON)),
+            vec!["CAP_PERFMON"]
+        );
     }
 }

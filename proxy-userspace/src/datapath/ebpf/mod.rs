@@ -69,7 +69,7 @@ pub struct EbpfConfig {
 pub enum EbpfError {
     #[error("this binary was built without the eBPF object; run `cargo xtask build-ebpf --release` first, then rebuild")]
     NoObject,
-    #[error("missing capabilities {missing} (run as root, or grant CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN)")]
+    #[error("missing capabilities {missing}: the eBPF datapath needs CAP_BPF (load programs and maps), CAP_NET_ADMIN (attach them to the cgroup) and CAP_PERFMON (the verifier accepts their pointer arithmetic only with it), or CAP_SYS_ADMIN, which covers all three")]
     Capabilities { missing: String },
     #[error("the kernel has no BTF (/sys/kernel/btf/vmlinux is missing; a kernel built with CONFIG_DEBUG_INFO_BTF=y is needed)")]
     NoBtf,

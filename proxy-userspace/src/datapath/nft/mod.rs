@@ -204,8 +204,15 @@ impl NftDatapath {
     /// Checks that nf_tables answers; nothing is programmed until the
     /// first apply.
     pub fn open(cluster_cidrs: Vec<Cidr>) -> Result<Self, NftError> {
-        batch::list_objects(Family::V4.nfproto_u8(), TABLE)
-            .map_err(|e| NftError::Exec(format!("nf_tables over netlink: {e}")))?;
+        batch::list_objects(Family::V4.nfproto_u8(), TABLE).map_err(|e| {
+            let hint = match e.raw_os_error() {
+                Some(libc::EPERM) => {
+                    " (missing capabilities CAP_NET_ADMIN: the nftables datapath needs it)"
+                }
+                _ => "",
+            };
+            NftError::Exec(format!("nf_tables over netlink: {e}{hint}"))
+        })?;
         tracing::info!(table = TABLE, "nftables datapath ready");
         Ok(NftDatapath {
             metrics: None,

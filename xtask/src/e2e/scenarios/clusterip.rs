@@ -48,7 +48,7 @@ pub(super) fn clusterip_tcp(bed: &mut Bed) -> Result<()> {
 /// `ebpf_kube_proxy_datapath_connections_total{result}` on the daemon's
 /// `/metrics`: the eBPF programs' own counters. `None` on nftables, which
 /// has none; on eBPF the family must be there.
-fn datapath_counter(bed: &Bed, result: &str) -> Result<Option<u64>> {
+pub(super) fn datapath_counter(bed: &Bed, result: &str) -> Result<Option<u64>> {
     let page = bed.metrics()?;
     let prefix = format!("ebpf_kube_proxy_datapath_connections_total{{result=\"{result}\"}} ");
     let value = page
