@@ -7,13 +7,16 @@
 //!   newline-delimited ADDED/MODIFIED/DELETED events after R, BOOKMARKs when
 //!   asked, and an ERROR event with a 410 `Expired` Status when R is older
 //!   than the retained history.
-//! * `POST`/`PATCH` of `events.k8s.io/v1` Events are recorded for
-//!   [`FakeApiServer::events`] to read.
+//! * `GET /version` answers as a v1.33 server would; `POST`/`PATCH` of
+//!   `events.k8s.io/v1` Events are recorded for [`FakeApiServer::events`]
+//!   to read.
 //! * Tests drive it: [`FakeApiServer::apply`], [`FakeApiServer::delete`],
 //!   [`FakeApiServer::drop_watches`], [`FakeApiServer::compact`] (older
 //!   resource versions become 410), [`FakeApiServer::set_down`] (every
-//!   connection is closed at once) and [`FakeApiServer::restart`] (a new
-//!   resourceVersion history).
+//!   connection is closed at once), [`FakeApiServer::set_failing`] (every
+//!   request answered with an HTTP error such as 500) and
+//!   [`FakeApiServer::restart`] (a new resourceVersion history);
+//!   [`FakeApiServer::objects`] reads back what it holds.
 
 #![allow(dead_code)]
 
@@ -64,6 +67,8 @@ struct State {
     /// Watches resuming from an older resource version get 410.
     oldest_rv: u64,
     down: bool,
+    /// Set: every request is answered with this HTTP status.
+    failing: Option<u16>,
     /// Bumped to end every open watch.
     generation: u64,
     requests: u64,
@@ -215,6 +220,31 @@ impl FakeApiServer {
         self.notify();
     }
 
+    /// While `Some(code)`, every request is answered with that HTTP status
+    /// and a Status body (an API server failing behind a load balancer that
+    /// still accepts connections); open watches end.
+    pub fn set_failing(&self, code: Option<u16>) {
+        let mut st = self.state.lock().unwrap();
+        st.failing = code;
+        st.generation += 1;
+        drop(st);
+        self.notify();
+    }
+
+    /// The objects of `kind` (`Service`, `EndpointSlice`, ...) held now.
+    pub fn objects(&self, kind: &str) -> Vec<Value> {
+        let st = self.state.lock().unwrap();
+        st.objects
+            .get(kind)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The newest resourceVersion (one more per write).
+    pub fn resource_version(&self) -> u64 {
+        self.state.lock().unwrap().rv
+    }
+
     /// A restarted API server with a new resourceVersion history: old
     /// versions are gone, all watches end.
     pub fn restart(&self) {
@@ -334,7 +364,11 @@ async fn route(
         .path()
         .strip_prefix("/apis/events.k8s.io/v1/namespaces/")
         .is_some_and(|rest| rest.contains("/events"));
-    if is_event && !state.lock().unwrap().down {
+    let healthy = {
+        let st = state.lock().unwrap();
+        !st.down && st.failing.is_none()
+    };
+    if is_event && healthy {
         return record_event(req, state).await;
     }
     handle(req, state, changed)
@@ -376,10 +410,10 @@ fn handle(
     state: Arc<Mutex<State>>,
     changed: watch::Sender<u64>,
 ) -> Response<Body> {
-    let down = {
+    let (down, failing) = {
         let mut st = state.lock().unwrap();
         st.requests += 1;
-        st.down
+        (st.down, st.failing)
     };
     if down {
         // A request on a connection opened before the outage: answer as a
@@ -394,7 +428,19 @@ fn handle(
         );
         return r;
     }
+    if let Some(code) = failing {
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return full(status, status_body(code, "InternalError", "failing"));
+    }
     let path = req.uri().path().to_owned();
+    if path == "/version" {
+        return full(
+            StatusCode::OK,
+            json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-fake", "gitCommit": "",
+                   "gitTreeState": "clean", "buildDate": "", "goVersion": "", "compiler": "gc",
+                   "platform": "linux/amd64"}),
+        );
+    }
     let Some(&(_, list_kind, kind, api_version)) = COLLECTIONS.iter().find(|c| c.0 == path) else {
         return full(
             StatusCode::NOT_FOUND,

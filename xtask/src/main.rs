@@ -8,6 +8,9 @@
 //!   measured in the same run.
 //! * `cargo xtask build-ebpf [--release]` — the eBPF object the daemon
 //!   embeds (installs the pinned nightly and bpf-linker when missing).
+//! * `cargo xtask soak --minutes N [--proxy-mode ebpf|nftables]
+//!   [--churn-per-second R] [--seed S]` — the daemon on the e2e bed under
+//!   traffic, churn, a flapping API server and SIGKILLs (root).
 
 mod e2e;
 mod ebpf;
@@ -35,8 +38,10 @@ fn main() -> Result<()> {
         Some("bench") => bench(&root, &args[1..]),
         Some("e2e") => e2e_command(&root, &args[1..]),
         Some("build-ebpf") => ebpf::build_ebpf(&root, &args[1..]),
+        Some("soak") => soak(&root, &e2e::soak::parse_args(&args[1..])?),
         _ => {
             eprintln!("usage: cargo xtask <test|demo|bench|build-ebpf [--release]>");
+            eprintln!("       cargo xtask soak --minutes N [--proxy-mode ebpf|nftables] [--churn-per-second R] [--seed S]");
             std::process::exit(2);
         }
     }
@@ -65,6 +70,19 @@ fn e2e_suite(root: &Path, opts: &e2e::Options) -> Result<()> {
         bail!("{failed} e2e scenario(s) failed");
     }
     Ok(())
+}
+
+/// Builds what the soak runs, then runs it (see `e2e/soak.rs`).
+fn soak(root: &Path, opts: &e2e::soak::Options) -> Result<()> {
+    if !is_root() {
+        bail!("the soak needs root (network namespaces, cgroups, eBPF)");
+    }
+    ensure_debian_packages(&[("nft", "nftables")])?;
+    if opts.proxy_mode == "ebpf" {
+        ebpf::build(root, true)?;
+    }
+    run(cargo().args(["build", "--bin", "ebpf-kube-proxy"]))?;
+    e2e::soak::run(root, opts)
 }
 
 /// Datapaths the e2e suite covers in `cargo xtask test`.
@@ -163,6 +181,18 @@ fn test(root: &Path) -> Result<()> {
             },
         )?;
     }
+    // Issue 19: 3 minutes of soak (churn, API server flapping, daemon
+    // SIGKILLs) on one datapath; an hour is
+    // `cargo xtask soak --minutes 60 --proxy-mode ebpf` (README, Soak).
+    soak(
+        root,
+        &e2e::soak::Options {
+            minutes: 3.0,
+            proxy_mode: "nftables".to_owned(),
+            churn_per_second: 2.0,
+            seed: None,
+        },
+    )?;
     Ok(())
 }
 

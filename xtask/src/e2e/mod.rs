@@ -10,6 +10,7 @@ pub mod demo;
 /// The fake API server of the integration tests, shared as one source file.
 pub use test_support::{fake_apiserver, netexec};
 mod scenarios;
+pub mod soak;
 
 use std::path::Path;
 use std::process::Command;
