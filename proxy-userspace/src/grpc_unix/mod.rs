@@ -4,6 +4,48 @@
 //! their peer process and accept any client's `:authority` (SPEC §10.1,
 //! see [`authority`]).
 
+/// `AsyncWrite` for a wrapper type that passes writes to its field `$io`
+/// unchanged (the wrappers here only act on reads or on drop).
+macro_rules! delegate_async_write {
+    ($ty:ty, $io:ident $(, $($gen:tt)*)?) => {
+        impl$(<$($gen)*>)? tokio::io::AsyncWrite for $ty {
+            fn poll_write(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                tokio::io::AsyncWrite::poll_write(std::pin::Pin::new(&mut self.$io), cx, buf)
+            }
+
+            fn poll_write_vectored(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                bufs: &[std::io::IoSlice<'_>],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                tokio::io::AsyncWrite::poll_write_vectored(std::pin::Pin::new(&mut self.$io), cx, bufs)
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                tokio::io::AsyncWrite::is_write_vectored(&self.$io)
+            }
+
+            fn poll_flush(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                tokio::io::AsyncWrite::poll_flush(std::pin::Pin::new(&mut self.$io), cx)
+            }
+
+            fn poll_shutdown(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                tokio::io::AsyncWrite::poll_shutdown(std::pin::Pin::new(&mut self.$io), cx)
+            }
+        }
+    };
+}
+
 pub mod authority;
 pub mod limits;
 
@@ -14,7 +56,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_stream::{Stream, StreamExt};
@@ -179,32 +221,4 @@ impl AsyncRead for UnixConn {
     }
 }
 
-impl AsyncWrite for UnixConn {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
+delegate_async_write!(UnixConn, io);
