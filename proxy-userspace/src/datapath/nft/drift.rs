@@ -18,10 +18,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::batch::{self, Family, NFT_GOTO, NFT_JUMP, NFT_RETURN, NF_ACCEPT, NF_DROP};
 use super::expr::{key_bytes, key_text, KeyPart};
-use super::nlsock::{
-    attr_str, attrs, errno_of, messages, push_message, Attrs, Socket, NFNL_SUBSYS_NFTABLES,
-    NLMSG_DONE, NLMSG_ERROR, NLM_F_DUMP, NLM_F_REQUEST,
-};
+use super::nlsock::{attr_str, attrs, Attrs, Socket};
 use super::rules::{self, TABLE};
 use super::{has_table, NftDatapath, NftError};
 use crate::datapath::drift::{Drift, DriftKind, ABSENT};
@@ -127,46 +124,6 @@ pub fn verify(dp: &NftDatapath) -> Result<Vec<Drift>, NftError> {
     Ok(out)
 }
 
-/// A dump request with `attributes` (a filter); calls `each` with every
-/// answer's attributes.
-fn dump(
-    sock: &Socket,
-    kind: u16,
-    family: u8,
-    attributes: &[u8],
-    mut each: impl FnMut(&[u8]),
-) -> io::Result<()> {
-    let mut b = Vec::new();
-    push_message(
-        &mut b,
-        (NFNL_SUBSYS_NFTABLES << 8) | kind,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        1,
-        family,
-        0,
-        attributes,
-    );
-    sock.send(&b)?;
-    let mut buf = vec![0u8; 1 << 20];
-    // Bounded: a dump ends with NLMSG_DONE; the cap only guards against a
-    // kernel that never says so.
-    for _ in 0..1_000_000 {
-        let n = sock.recv(&mut buf, 0)?;
-        for (k, _flags, _seq, payload) in messages(&buf[..n]) {
-            match k {
-                NLMSG_DONE => return Ok(()),
-                NLMSG_ERROR if errno_of(payload) != 0 => {
-                    return Err(io::Error::from_raw_os_error(errno_of(payload)))
-                }
-                NLMSG_ERROR => {}
-                _ if payload.len() >= 4 => each(&payload[4..]),
-                _ => {}
-            }
-        }
-    }
-    Err(io::Error::other("netlink dump did not end"))
-}
-
 /// The table of family `f` as the kernel holds it; `None` when absent.
 pub fn read(f: Family) -> Result<Option<TableContents>, NftError> {
     let fam = f.nfproto_u8();
@@ -196,7 +153,7 @@ pub fn read(f: Family) -> Result<Option<TableContents>, NftError> {
         let mut n = 0;
         let mut filter = Attrs::default();
         filter.str(1, TABLE).str(2, chain);
-        dump(&sock, GETRULE, fam, &filter.buf, |a| {
+        sock.dump_filtered(GETRULE, fam, &filter.buf, |a| {
             n += usize::from(rule_chain(a).is_some_and(|c| c == chain));
         })
         .map_err(|e| err(chain, e))?;
@@ -208,7 +165,7 @@ pub fn read(f: Family) -> Result<Option<TableContents>, NftError> {
         }
         let mut filter = Attrs::default();
         filter.str(1, TABLE).str(2, set);
-        dump(&sock, GETSETELEM, fam, &filter.buf, |a| {
+        sock.dump_filtered(GETSETELEM, fam, &filter.buf, |a| {
             for (key, data) in elements_of(a) {
                 c.elements.insert((set, key), data);
             }

@@ -136,7 +136,14 @@ pub(super) fn push_message(
 /// The error of an `NLMSG_ERROR` payload (0 for an ack).
 pub(super) fn errno_of(payload: &[u8]) -> i32 {
     let head = payload.get(..4).and_then(|b| <[u8; 4]>::try_from(b).ok());
-    -i32::from_ne_bytes(head.unwrap_or([0; 4]))
+    negated_errno(i32::from_ne_bytes(head.unwrap_or([0; 4])))
+}
+
+/// The errno of the error field of an `NLMSG_ERROR`, which the kernel
+/// sends negated. A value with no positive counterpart (`i32::MIN`) is no
+/// errno: it reads as a protocol error instead of overflowing.
+pub(super) fn negated_errno(field: i32) -> i32 {
+    field.checked_neg().unwrap_or(libc::EPROTO)
 }
 
 /// A `NETLINK_NETFILTER` socket (netlink-sys) connected to the kernel.
@@ -196,10 +203,17 @@ impl Socket {
     }
 
     /// A dump request; calls `each` with every answer's attributes.
-    pub(super) fn dump(
+    pub(super) fn dump(&self, kind: u16, family: u8, each: impl FnMut(&[u8])) -> io::Result<()> {
+        self.dump_filtered(kind, family, &[], each)
+    }
+
+    /// A dump request carrying `attributes` (a filter, such as the table
+    /// and chain of `GETRULE`); calls `each` with every answer's attributes.
+    pub(super) fn dump_filtered(
         &self,
         kind: u16,
         family: u8,
+        attributes: &[u8],
         mut each: impl FnMut(&[u8]),
     ) -> io::Result<()> {
         let mut b = Vec::new();
@@ -210,7 +224,7 @@ impl Socket {
             1,
             family,
             0,
-            &[],
+            attributes,
         );
         self.send(&b)?;
         let mut buf = vec![0u8; 1 << 20];
@@ -315,4 +329,18 @@ pub(super) fn ext_ack_message(payload: &[u8]) -> String {
         .find(|(k, _)| *k == 1)
         .map(|(_, v)| attr_str(v))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_field_that_is_no_negated_errno_is_a_protocol_error() {
+        // Found by fuzz/ (target netlink): -i32::MIN overflowed.
+        assert_eq!(errno_of(&i32::MIN.to_ne_bytes()), libc::EPROTO);
+        assert_eq!(errno_of(&(-libc::ENOENT).to_ne_bytes()), libc::ENOENT);
+        assert_eq!(errno_of(&0i32.to_ne_bytes()), 0);
+        assert_eq!(errno_of(&[]), 0);
+    }
 }
