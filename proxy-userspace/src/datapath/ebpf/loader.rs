@@ -491,6 +491,30 @@ pub struct CleanupReport {
     pub unmounted: bool,
 }
 
+/// Waits (bounded) until the kernel has released the links with these ids:
+/// with the last pin and fd gone a link is detached, but asynchronously,
+/// and a connection made meanwhile would still be load-balanced. Listing
+/// links needs CAP_SYS_ADMIN: without it (the daemon's least-privilege
+/// set) the list is empty and this returns at once.
+fn wait_links_released(ids: &[u32]) {
+    if ids.is_empty() {
+        return;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let alive = aya::programs::loaded_links()
+            .filter_map(Result::ok)
+            .any(|l| ids.contains(&l.id()));
+        if !alive || std::time::Instant::now() > deadline {
+            if alive {
+                tracing::warn!("detached links still listed by the kernel after 2 s");
+            }
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Detaches the programs (removing their link pins, the last reference:
 /// the kernel then unloads them) and removes the map pins and the
 /// directory. Idempotent; a missing directory is not an error.
@@ -507,11 +531,21 @@ pub fn cleanup(bpffs_root: &Path) -> Result<CleanupReport, EbpfError> {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         names.sort();
+        let mut link_ids = Vec::new();
         for name in names {
-            if remove_if_exists(&links_dir.join(&name))? {
+            let path = links_dir.join(&name);
+            // The link's id, to see below that the kernel let it go.
+            if let Ok(pinned) = aya::programs::links::PinnedLink::from_pin(&path) {
+                let link: aya::programs::links::FdLink = pinned.into();
+                if let Ok(info) = link.info() {
+                    link_ids.push(info.id());
+                }
+            }
+            if remove_if_exists(&path)? {
                 report.links.push(name);
             }
         }
+        wait_links_released(&link_ids);
     }
     remove_dir_if_exists(&links_dir)?;
     for (name, ..) in MAPS {
