@@ -59,7 +59,7 @@ fn output(cmd: &mut Command) -> Result<String> {
 
 /// rustup without the variables the outer `cargo run` set, so the pinned
 /// toolchain named on the command line always wins.
-fn rustup() -> Command {
+pub(crate) fn rustup() -> Command {
     let mut c = Command::new("rustup");
     for v in ["RUSTUP_TOOLCHAIN", "RUSTC", "RUSTDOC", "CARGO"] {
         c.env_remove(v);
@@ -68,7 +68,7 @@ fn rustup() -> Command {
 }
 
 /// The pinned nightly and its rust-src component.
-fn ensure_nightly() -> Result<()> {
+pub(crate) fn ensure_nightly() -> Result<()> {
     let installed =
         output(rustup().args(["component", "list", "--installed", "--toolchain", NIGHTLY]))
             .map(|list| list.lines().any(|l| l.starts_with("rust-src")))

@@ -11,9 +11,12 @@
 //! * `cargo xtask soak --minutes N [--proxy-mode ebpf|nftables]
 //!   [--churn-per-second R] [--seed S]` — the daemon on the e2e bed under
 //!   traffic, churn, a flapping API server and SIGKILLs (root).
+//! * `cargo xtask fuzz [--seconds N] [--target NAME]` — the libFuzzer
+//!   targets of `fuzz/`, N seconds each (installs cargo-fuzz when missing).
 
 mod e2e;
 mod ebpf;
+mod fuzz;
 mod paths;
 
 use std::path::{Path, PathBuf};
@@ -39,8 +42,9 @@ fn main() -> Result<()> {
         Some("e2e") => e2e_command(&root, &args[1..]),
         Some("build-ebpf") => ebpf::build_ebpf(&root, &args[1..]),
         Some("soak") => soak(&root, &e2e::soak::parse_args(&args[1..])?),
+        Some("fuzz") => fuzz::fuzz_command(&root, &args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <test|demo|bench|build-ebpf [--release]>");
+            eprintln!("usage: cargo xtask <test|demo|bench|build-ebpf [--release]|fuzz [--seconds N] [--target NAME]>");
             eprintln!("       cargo xtask soak --minutes N [--proxy-mode ebpf|nftables] [--churn-per-second R] [--seed S]");
             std::process::exit(2);
         }
@@ -168,32 +172,40 @@ fn test(root: &Path) -> Result<()> {
     run(cargo()
         .args(["test", "--workspace", "--no-fail-fast"])
         .env("EKP_GRPCIO_PYTHON", python))?;
-    if !is_root() {
-        println!("e2e suite skipped: it needs root (network namespaces, cgroups, eBPF)");
-        return Ok(());
-    }
-    for mode in E2E_PROXY_MODES {
-        e2e_suite(
+    if is_root() {
+        for mode in E2E_PROXY_MODES {
+            e2e_suite(
+                root,
+                &e2e::Options {
+                    proxy_mode: (*mode).to_owned(),
+                    filter: None,
+                },
+            )?;
+        }
+        // Issue 19: 3 minutes of soak (churn, API server flapping, daemon
+        // SIGKILLs) on one datapath; an hour is
+        // `cargo xtask soak --minutes 60 --proxy-mode ebpf` (README, Soak).
+        soak(
             root,
-            &e2e::Options {
-                proxy_mode: (*mode).to_owned(),
-                filter: None,
+            &e2e::soak::Options {
+                minutes: 3.0,
+                proxy_mode: "nftables".to_owned(),
+                churn_per_second: 2.0,
+                seed: None,
             },
         )?;
+    } else {
+        println!("e2e suite skipped: it needs root (network namespaces, cgroups, eBPF)");
     }
-    // Issue 19: 3 minutes of soak (churn, API server flapping, daemon
-    // SIGKILLs) on one datapath; an hour is
-    // `cargo xtask soak --minutes 60 --proxy-mode ebpf` (README, Soak).
-    soak(
+    // A short smoke run of every fuzz target (build cached after the first
+    // time); the acceptance run is `cargo xtask fuzz --seconds 30`.
+    fuzz::run_fuzz(
         root,
-        &e2e::soak::Options {
-            minutes: 3.0,
-            proxy_mode: "nftables".to_owned(),
-            churn_per_second: 2.0,
-            seed: None,
+        &fuzz::Options {
+            seconds: fuzz::TEST_SECONDS,
+            target: None,
         },
-    )?;
-    Ok(())
+    )
 }
 
 /// A virtualenv with the pinned Python gRPC clients

@@ -209,6 +209,10 @@ pub mod ct {
 
     /// Attribute type of the conntrack zone (not typed by the codec).
     const CTA_ZONE: u16 = 18;
+    /// Message types below this are netlink's own (noop, error, done).
+    const NLMSG_MIN_TYPE: u16 = 0x10;
+    /// The nfnetlink subsystem of conntrack entries (high byte of the type).
+    const NFNL_SUBSYS_CTNETLINK: u8 = 1;
 
     /// One address/port tuple.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -337,6 +341,10 @@ pub mod ct {
     ) -> io::Result<bool> {
         let v4 = family == super::NFPROTO_IPV4;
         while !rest.is_empty() {
+            if let Some(len) = foreign_message(rest) {
+                rest = &rest[len.next_multiple_of(4).min(rest.len())..];
+                continue;
+            }
             let packet = NetlinkMessage::<NetfilterMessage>::deserialize(rest)
                 .map_err(|e| io::Error::other(format!("undecodable ctnetlink message: {e}")))?;
             let len = (packet.header.length as usize).clamp(16, rest.len());
@@ -345,7 +353,8 @@ pub mod ct {
                 NetlinkPayload::Done(_) => return Ok(true),
                 NetlinkPayload::Error(e) => {
                     if let Some(code) = e.code {
-                        return Err(io::Error::from_raw_os_error(-code.get()));
+                        let errno = crate::datapath::nft::nlsock::negated_errno(code.get());
+                        return Err(io::Error::from_raw_os_error(errno));
                     }
                 }
                 NetlinkPayload::InnerMessage(NetfilterMessage {
@@ -362,6 +371,20 @@ pub mod ct {
             }
         }
         Ok(false)
+    }
+
+    /// The length of the first message of `datagram` when it is neither a
+    /// netlink control message nor ctnetlink's: a conntrack dump has no use
+    /// for it, and it never reaches the decoder, whose nf_tables parsers
+    /// index nested attributes unchecked and panic on a short one (found by
+    /// fuzz/, target netlink).
+    fn foreign_message(datagram: &[u8]) -> Option<usize> {
+        let header = datagram.get(..16)?;
+        let len = u32::from_ne_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        let kind = u16::from_ne_bytes([header[4], header[5]]);
+        let subsystem = (kind >> 8) as u8;
+        (kind >= NLMSG_MIN_TYPE && subsystem != NFNL_SUBSYS_CTNETLINK)
+            .then(|| len.clamp(16, datagram.len()))
     }
 
     fn ct_tuple(t: &Tuple) -> Vec<CtTuple> {
@@ -455,6 +478,66 @@ pub mod ct {
                 panic!("not a conntrack message: {back:?}");
             };
             assert_eq!(entry(&attrs), Some(e));
+        }
+
+        /// An `NLMSG_ERROR` answering a dump request, with `field` as its
+        /// error field.
+        fn error_datagram(field: i32) -> Vec<u8> {
+            let mut b = Vec::new();
+            b.extend_from_slice(&36u32.to_ne_bytes());
+            b.extend_from_slice(&2u16.to_ne_bytes()); // NLMSG_ERROR
+            b.extend_from_slice(&[0; 10]); // flags, seq, pid
+            b.extend_from_slice(&field.to_ne_bytes());
+            // The request it answers: a ctnetlink GET dump.
+            b.extend_from_slice(&20u32.to_ne_bytes());
+            b.extend_from_slice(&0x0101u16.to_ne_bytes());
+            b.extend_from_slice(&0x0301u16.to_ne_bytes());
+            b.extend_from_slice(&[0; 8]);
+            b
+        }
+
+        #[test]
+        fn a_dump_error_is_the_kernels_errno_and_a_bogus_one_a_protocol_error() {
+            let list = |field| {
+                let mut out = Vec::new();
+                let err = list_datagram(
+                    &error_datagram(field),
+                    super::super::NFPROTO_IPV4,
+                    super::super::UDP,
+                    &mut out,
+                )
+                .unwrap_err();
+                assert!(out.is_empty());
+                err.raw_os_error()
+            };
+            assert_eq!(list(-libc::EPERM), Some(libc::EPERM));
+            // Found by fuzz/ (target netlink): negating i32::MIN overflowed.
+            assert_eq!(list(i32::MIN), Some(libc::EPROTO));
+        }
+
+        #[test]
+        fn a_message_of_another_subsystem_is_skipped_not_decoded() {
+            // Found by fuzz/ (target netlink): an nf_tables NEWSET whose
+            // NFTA_SET_EXPR holds an attribute of length 0 panicked in the
+            // decoder.
+            let mut datagram = Vec::new();
+            datagram.extend_from_slice(&32u32.to_ne_bytes());
+            datagram.extend_from_slice(&0x0a09u16.to_ne_bytes()); // NFT_MSG_NEWSET
+            datagram.extend_from_slice(&[0; 10]);
+            datagram.extend_from_slice(&[2, 0, 0, 0]); // nfgenmsg
+            datagram.extend_from_slice(&12u16.to_ne_bytes());
+            datagram.extend_from_slice(&17u16.to_ne_bytes()); // NFTA_SET_EXPR
+            datagram.extend_from_slice(&[0; 8]);
+            let mut out = Vec::new();
+            let (v4, udp) = (super::super::NFPROTO_IPV4, super::super::UDP);
+            assert!(!list_datagram(&datagram, v4, udp, &mut out).unwrap());
+            // What follows it is still read: here, the end of the dump.
+            let mut done = 20u32.to_ne_bytes().to_vec();
+            done.extend_from_slice(&3u16.to_ne_bytes()); // NLMSG_DONE
+            done.extend_from_slice(&[0; 14]);
+            datagram.extend_from_slice(&done);
+            assert!(list_datagram(&datagram, v4, udp, &mut out).unwrap());
+            assert!(out.is_empty());
         }
     }
 }
