@@ -177,19 +177,21 @@ pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
         path.push(p);
     }
     let mut cmd = rustup();
-    cmd.args(["run", NIGHTLY, "cargo", "build", "--locked", "--target", TARGET])
-        .args(["-Z", "build-std=core"])
-        .arg("--target-dir")
-        .arg(crate::paths::target_dir(root))
-        .current_dir(root.join("proxy-ebpf"))
-        .env("PATH", path)
-        // Host flags and wrappers of the outer build do not apply to BPF.
-        .env_remove("RUSTC_WORKSPACE_WRAPPER")
-        .env_remove("RUSTC_WRAPPER")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_BUILD_TARGET")
-        .env_remove("CARGO_TARGET_DIR");
+    cmd.args([
+        "run", NIGHTLY, "cargo", "build", "--locked", "--target", TARGET,
+    ])
+    .args(["-Z", "build-std=core"])
+    .arg("--target-dir")
+    .arg(crate::paths::target_dir(root))
+    .current_dir(root.join("proxy-ebpf"))
+    .env("PATH", path)
+    // Host flags and wrappers of the outer build do not apply to BPF.
+    .env_remove("RUSTC_WORKSPACE_WRAPPER")
+    .env_remove("RUSTC_WRAPPER")
+    .env_remove("CARGO_ENCODED_RUSTFLAGS")
+    .env_remove("RUSTFLAGS")
+    .env_remove("CARGO_BUILD_TARGET")
+    .env_remove("CARGO_TARGET_DIR");
     if release {
         cmd.arg("--release");
     }
