@@ -86,6 +86,12 @@ pub(super) fn kube_proxy_cleanup_flag(bed: &mut Bed) -> Result<()> {
 /// happened.
 pub(super) fn with_no_flags(bed: &mut Bed) -> Result<()> {
     bed.stop_daemon()?;
+    // The stopped daemon's programs stay attached to the bed's cgroup from
+    // the bed's own bpffs root (a graceful stop keeps the datapath); left
+    // there, they would go on serving what earlier scenarios programmed
+    // after the default-path datapath is cleaned up.
+    bed.cleanup_command()
+        .context("cleaning up the bed's own datapath first")?;
     let saved = (
         std::mem::replace(&mut bed.bpffs, PathBuf::from(DEFAULT_BPFFS_ROOT)),
         std::mem::replace(
