@@ -71,6 +71,9 @@ fn preflight() -> Result<()> {
     Ok(())
 }
 
+/// How often a failing scenario runs before it counts as failed.
+const RUNS_PER_SCENARIO: u32 = 2;
+
 /// Runs the suite; returns (passed, failed, skipped).
 pub fn run(root: &Path, opts: &Options) -> Result<(usize, usize, usize)> {
     preflight()?;
@@ -82,42 +85,68 @@ pub fn run(root: &Path, opts: &Options) -> Result<(usize, usize, usize)> {
         bed::describe(&bed)
     );
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    let mut passed_on_retry = Vec::new();
     for s in scenarios::all() {
         if let Some(f) = &opts.filter {
             if !s.name.contains(f.as_str()) {
                 continue;
             }
         }
-        let started = Instant::now();
-        match (s.run)(&mut bed) {
-            Ok(()) => {
-                passed += 1;
-                println!(
-                    "PASS {} [{}] ({:.1}s)",
-                    s.name,
-                    opts.proxy_mode,
-                    started.elapsed().as_secs_f64()
-                );
-            }
-            Err(e) if e.downcast_ref::<scenarios::Skip>().is_some() => {
-                skipped += 1;
-                println!("SKIP {} [{}]: {e}", s.name, opts.proxy_mode);
-            }
-            Err(e) => {
-                failed += 1;
-                println!(
-                    "FAIL {} [{}] ({:.1}s): {e:#}",
-                    s.name,
-                    opts.proxy_mode,
-                    started.elapsed().as_secs_f64()
-                );
-                let log = bed.daemon_log();
-                let tail: Vec<&str> = log.lines().rev().take(15).collect();
-                for l in tail.iter().rev() {
-                    println!("    daemon| {l}");
+        // A scenario that fails is run once more, and a pass on that retry
+        // is reported as such, never silently: it is how the rare lost TCP
+        // handshake across an nftables full sync (README, Deeper checks) shows
+        // without failing CI, while a regression fails both runs.
+        for attempt in 1..=RUNS_PER_SCENARIO {
+            let started = Instant::now();
+            let took = || started.elapsed().as_secs_f64();
+            match (s.run)(&mut bed) {
+                Ok(()) => {
+                    passed += 1;
+                    if attempt > 1 {
+                        passed_on_retry.push(s.name);
+                        println!(
+                            "PASS {} [{}] ({:.1}s) on retry {attempt}",
+                            s.name,
+                            opts.proxy_mode,
+                            took()
+                        );
+                    } else {
+                        println!("PASS {} [{}] ({:.1}s)", s.name, opts.proxy_mode, took());
+                    }
+                    break;
+                }
+                Err(e) if e.downcast_ref::<scenarios::Skip>().is_some() => {
+                    skipped += 1;
+                    println!("SKIP {} [{}]: {e}", s.name, opts.proxy_mode);
+                    break;
+                }
+                Err(e) => {
+                    let last = attempt == RUNS_PER_SCENARIO;
+                    println!(
+                        "FAIL {} [{}] ({:.1}s){}: {e:#}",
+                        s.name,
+                        opts.proxy_mode,
+                        took(),
+                        if last { "" } else { ", running it again" }
+                    );
+                    let log = bed.daemon_log();
+                    let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                    for l in tail.iter().rev() {
+                        println!("    daemon| {l}");
+                    }
+                    if last {
+                        failed += 1;
+                    }
                 }
             }
         }
+    }
+    if !passed_on_retry.is_empty() {
+        println!(
+            "{} scenario(s) passed only on retry: {}",
+            passed_on_retry.len(),
+            passed_on_retry.join(", ")
+        );
     }
     drop(bed);
     Ok((passed, failed, skipped))
