@@ -156,7 +156,7 @@ pub fn all() -> Vec<Scenario> {
 mod caps;
 mod claims;
 mod cleanup;
-mod client;
+pub(crate) mod client;
 mod clusterip;
 mod drift;
 mod external;

@@ -8,11 +8,11 @@ use anyhow::{bail, ensure, Result};
 use super::Bed;
 
 #[derive(Debug, Default)]
-pub(super) struct Results {
+pub(crate) struct Results {
     /// "pod port=N" → count.
-    pub(super) answers: BTreeMap<String, usize>,
+    pub(crate) answers: BTreeMap<String, usize>,
     pub(super) peers: BTreeMap<String, usize>,
-    pub(super) errors: Vec<String>,
+    pub(crate) errors: Vec<String>,
     /// Slowest error in ms.
     pub(super) max_error_ms: u128,
 }
@@ -67,7 +67,7 @@ pub(super) fn request(bed: &Bed, proto: &str, target: &str, count: usize) -> Res
 
 /// `count` requests from a client in `netns` (the node's when `None`),
 /// each given `timeout` to connect and be answered.
-pub(super) fn request_from(
+pub(crate) fn request_from(
     bed: &Bed,
     netns: Option<&str>,
     proto: &str,

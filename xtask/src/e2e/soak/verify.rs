@@ -12,6 +12,7 @@ use super::churn::{slot_ip, slot_name, ALL_CHURN_PORTS, SLOTS};
 use super::NS;
 use crate::e2e::bed::Bed;
 use crate::e2e::fake_apiserver::FakeApiServer;
+use crate::e2e::scenarios::client::request_from;
 
 /// How long localnet may take to catch up once the API server is healthy:
 /// the watches may be backing off (kube-rs: up to 30 s, with jitter).
@@ -300,31 +301,9 @@ fn requests(
     count: usize,
     timeout_ms: u64,
 ) -> Result<(BTreeMap<String, usize>, Vec<String>)> {
-    let lines = bed.client(
-        None,
-        &[
-            "--proto",
-            proto,
-            "--target",
-            target,
-            "--count",
-            &count.to_string(),
-            "--timeout-ms",
-            &timeout_ms.to_string(),
-        ],
-    )?;
-    let mut answers = BTreeMap::new();
-    let mut errors = Vec::new();
-    for l in lines {
-        match l.strip_prefix("ok ") {
-            Some(rest) => {
-                let answer: Vec<&str> = rest.split_whitespace().take(2).collect();
-                *answers.entry(answer.join(" ")).or_insert(0) += 1;
-            }
-            None => errors.push(l),
-        }
-    }
-    Ok((answers, errors))
+    let timeout = Duration::from_millis(timeout_ms);
+    let r = request_from(bed, None, proto, target, count, timeout)?;
+    Ok((r.answers, r.errors))
 }
 
 /// Waits (up to 10 s) until one request to `target` is answered.
