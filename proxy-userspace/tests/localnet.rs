@@ -244,14 +244,7 @@ async fn read_frame(stream: &mut tonic::Streaming<pb::WatchEvent>) -> (u64, Vec<
 async fn watch_sends_one_full_frame_per_revision() {
     let d = start(&two_services());
     let mut c = d.unix().await;
-    let mut stream = c
-        .watch(pb::WatchRequest {
-            instance_id: 0,
-            rev: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = common::watch_all(&mut c).await;
     let (rev, names) = read_frame(&mut stream).await;
     assert_eq!(
         (rev, names.clone()),
@@ -562,14 +555,7 @@ async fn watchers_that_never_read_cost_bounded_memory_and_block_no_one() {
     let mut stuck = Vec::new();
     for _ in 0..20 {
         let mut c = d.tcp().await;
-        let s = c
-            .watch(pb::WatchRequest {
-                instance_id: 0,
-                rev: 0,
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let s = common::watch_all(&mut c).await;
         stuck.push((c, s));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -620,14 +606,7 @@ async fn connections_over_the_limit_are_closed_and_slots_come_back() {
     let mut held = Vec::new();
     for _ in 0..3 {
         let mut c = d.unix().await;
-        let s = c
-            .watch(pb::WatchRequest {
-                instance_id: 0,
-                rev: 0,
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let s = common::watch_all(&mut c).await;
         held.push((c, s));
     }
     // The fourth is refused; tonic connects lazily, so the call fails.

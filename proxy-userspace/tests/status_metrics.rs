@@ -425,14 +425,7 @@ async fn localnet_calls_are_counted_by_rpc_and_status() {
     let state = client::next(&mut c, 0, 0).await.unwrap();
 
     // A watcher that stays, and a poll that waits for a newer state.
-    let mut watch = c
-        .watch(pb::WatchRequest {
-            instance_id: 0,
-            rev: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut watch = common::watch_all(&mut c).await;
     watch.next().await.unwrap().unwrap();
     let mut poller = c.clone();
     let (instance_id, rev) = (state.instance_id, state.rev);

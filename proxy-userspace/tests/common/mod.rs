@@ -356,3 +356,16 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
 }
 pub use test_support::fake_apiserver;
 pub mod status;
+
+/// A `Watch` from the start (instance 0, rev 0): the stream of frames.
+pub async fn watch_all(
+    c: &mut EndpointsClient<Channel>,
+) -> tonic::Streaming<proto::localnet::v1::WatchEvent> {
+    c.watch(proto::localnet::v1::WatchRequest {
+        instance_id: 0,
+        rev: 0,
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
