@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 
 use ebpf_kube_proxy::model::{
     EndpointConditions, EndpointHints, EndpointPort, EndpointScopes, IpSet, LocalEndpoint,
@@ -96,9 +97,7 @@ pub fn nth_service(i: usize, per: usize) -> ServiceEndpoints {
 /// `services` services with `endpoints` backends in all.
 pub fn state(services: usize, endpoints: usize) -> LocalState {
     let per = endpoints / services.max(1);
-    let mut services: Vec<ServiceEndpoints> = (0..services).map(|i| nth_service(i, per)).collect();
-    services.sort_by(|a, b| a.service.key.cmp(&b.service.key));
-    LocalState { services }
+    LocalState::new((0..services).map(|i| nth_service(i, per)))
 }
 
 /// `state` with service `i`'s backends replaced (kept sorted).
@@ -108,8 +107,8 @@ pub fn with_service(state: &LocalState, replacement: ServiceEndpoints) -> LocalS
         .services
         .binary_search_by(|s| s.service.key.cmp(&replacement.service.key))
     {
-        Ok(at) => next.services[at] = replacement,
-        Err(at) => next.services.insert(at, replacement),
+        Ok(at) => next.services[at] = Arc::new(replacement),
+        Err(at) => next.services.insert(at, Arc::new(replacement)),
     }
     next
 }
