@@ -147,6 +147,8 @@ fn main() {
     };
     std::fs::create_dir_all(&place.cgroup).expect("bench cgroup");
     let scales: Vec<(usize, usize)> = match std::env::var("EKP_BENCH_SCALE").as_deref() {
+        // 50k/200k: the largest the fixed 262,144-entry maps held before.
+        Ok("50k/200k") => vec![(50_000, 200_000)],
         Ok("100k/1m") => vec![(100_000, 1_000_000)],
         _ => vec![(10_000, 100_000), (50_000, 250_000)],
     };
