@@ -121,9 +121,11 @@ fn bench(place: &Place, services: usize, endpoints: usize) {
             .expect("program_changes");
         times.push(t.elapsed());
     }
+    let one = median(times);
+    println!("  one endpoint change, median of {CHANGE_RUNS}: {one:?}");
     report(
         &format!("eBPF {label}: one endpoint change"),
-        median(times),
+        one,
         "one bpf_map_update_elem",
         per_element_baseline(1),
         Duration::from_millis(5),
