@@ -382,11 +382,16 @@ pub fn load_and_attach(object: &[u8], config: &EbpfConfig) -> Result<Attached, E
     let root = ensure_bpffs(&config.bpffs_root)?;
     check_pinned_maps(&root)?;
     let prepared = generation::prepare(&root, config.map_size)?;
-    let result = load_and_attach_prepared(object, &cgroup, &root, &prepared);
+    let mut attached_any = false;
+    let result = load_and_attach_prepared(object, &cgroup, &root, &prepared, &mut attached_any);
     if prepared.replacing.is_some() {
-        match &result {
-            Ok(_) => generation::promote(&root)?,
-            Err(_) => generation::discard_next(&root),
+        // Once a hook runs a program of the new generation, that generation
+        // is the one to keep (a retry then finds it pinned and fitting and
+        // attaches the remaining hooks to it).
+        if attached_any {
+            generation::promote(&root)?;
+        } else {
+            generation::discard_next(&root);
         }
     }
     let (maps, replaced) = result?;
@@ -409,6 +414,7 @@ fn load_and_attach_prepared(
     cgroup: &Path,
     root: &Path,
     prepared: &generation::Prepared,
+    attached_any: &mut bool,
 ) -> Result<(KernelMaps, usize), EbpfError> {
     let cgroup = cgroup.to_path_buf();
     let mut loader = EbpfLoader::new();
@@ -484,6 +490,7 @@ fn load_and_attach_prepared(
             path: fresh.clone(),
             reason: chain(&e),
         })?);
+        *attached_any = true;
         // The old link (if any) detaches when its pin is replaced: rename
         // over it is atomic, so the program is never missing.
         if pin.exists() {
