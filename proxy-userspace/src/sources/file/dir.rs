@@ -22,6 +22,9 @@ use crate::model::{Change, Object, ObjectRef};
 
 /// File extensions read as manifests.
 const EXTENSIONS: &[&str] = &["yaml", "yml", "json"];
+/// Threads that read and parse files at once (YAML parsing is most of the
+/// initial read).
+const LOAD_THREADS: usize = 4;
 
 /// What a stat says about a file: any difference means "read it again".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,8 +98,99 @@ enum Read {
     Kept,
     Parsed {
         changed: bool,
-        objects: Vec<Object>,
+        objects: Vec<(Arc<ObjectRef>, u64, Object)>,
     },
+}
+
+/// One file as found on disk, before it is compared with what is known.
+enum Loaded {
+    /// Not a manifest any more (removed, renamed away, not a file).
+    Gone,
+    Failed(std::io::Error),
+    Read {
+        stat: Option<Stat>,
+        hash: u64,
+        /// `None`: the content is the one known, not parsed again.
+        parsed: Option<Result<Vec<(ObjectRef, u64, Object)>, Vec<ManifestError>>>,
+    },
+}
+
+/// Reads and parses one file; `known` is the hash of the content last
+/// read, which is parsed again only for `Mode::Objects`. Touches no state,
+/// so that files are loaded in parallel.
+fn load(path: &Path, known: Option<u64>, mode: Mode) -> Loaded {
+    if !is_file_or_broken_link(path) {
+        return Loaded::Gone;
+    }
+    let stat = Stat::of(path);
+    let content = match read_manifest(path) {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Loaded::Gone,
+        Err(e) => return Loaded::Failed(e),
+    };
+    let hash = hash_of(&content);
+    let parsed = (known != Some(hash) || mode == Mode::Objects)
+        .then(|| parse_manifest(path, &content).map(dedupe));
+    Loaded::Read { stat, hash, parsed }
+}
+
+/// Loads `jobs` on up to [`LOAD_THREADS`] threads, results in job order.
+fn load_all(jobs: Vec<(PathBuf, Option<u64>, Mode)>) -> Vec<(PathBuf, Mode, Loaded)> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(LOAD_THREADS)
+        .min(jobs.len());
+    if threads <= 1 {
+        return jobs
+            .into_iter()
+            .map(|(path, known, mode)| {
+                let loaded = load(&path, known, mode);
+                (path, mode, loaded)
+            })
+            .collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut results: Vec<(usize, Loaded)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((path, known, mode)) = jobs.get(i) else {
+                            return done;
+                        };
+                        done.push((i, load(path, *known, *mode)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            // A worker panics only if `load` does, a bug: pass it on.
+            .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    results.sort_by_key(|(i, _)| *i);
+    jobs.into_iter()
+        .zip(results)
+        .map(|((path, _, mode), (_, loaded))| (path, mode, loaded))
+        .collect()
+}
+
+/// One entry per object, the file's last document defining it winning,
+/// each with the hash of its content.
+fn dedupe(objects: Vec<Object>) -> Vec<(ObjectRef, u64, Object)> {
+    let mut index: HashMap<ObjectRef, usize> = HashMap::with_capacity(objects.len());
+    let mut out: Vec<Option<(ObjectRef, u64, Object)>> = Vec::with_capacity(objects.len());
+    for o in objects {
+        let r = o.object_ref();
+        if let Some(i) = index.insert(r.clone(), out.len()) {
+            out[i] = None;
+        }
+        out.push(Some((r, hash_of(&o), o)));
+    }
+    out.into_iter().flatten().collect()
 }
 
 /// The manifests of one directory, each file at its last good version.
@@ -241,12 +335,19 @@ impl ManifestDir {
         let mut parsed: HashMap<Arc<Path>, HashMap<Arc<ObjectRef>, Object>> = HashMap::new();
         let mut read_for_objects: HashSet<PathBuf> = HashSet::new();
         while !todo.is_empty() {
-            for (path, mode) in std::mem::take(&mut todo) {
+            let jobs = std::mem::take(&mut todo)
+                .into_iter()
+                .map(|(path, mode)| {
+                    let known = self.files.get(path.as_path()).and_then(|e| e.content);
+                    (path, known, mode)
+                })
+                .collect();
+            for (path, mode, loaded) in load_all(jobs) {
                 update.files_read += 1;
                 if mode == Mode::Objects {
                     read_for_objects.insert(path.clone());
                 }
-                match self.read(&path, mode, &mut update.errors) {
+                match self.account(&path, loaded, &mut update.errors) {
                     Read::Gone => {
                         if let Some((file, _)) = self.files.get_key_value(path.as_path()) {
                             let file = file.clone();
@@ -256,7 +357,6 @@ impl ManifestDir {
                     Read::Kept => {}
                     Read::Parsed { changed, objects } => {
                         let file = self.file_key(&path);
-                        let objects = self.dedupe(objects);
                         if changed {
                             let defs = objects.iter().map(|(r, h, _)| (r.clone(), *h)).collect();
                             self.set_objects(&file, Some(defs), &mut before);
@@ -313,40 +413,39 @@ impl ManifestDir {
         update
     }
 
-    /// Reads one file; errors go to `errors` (each failure reported once).
-    fn read(&mut self, path: &Path, mode: Mode, errors: &mut Vec<ManifestError>) -> Read {
-        if !is_file_or_broken_link(path) {
-            self.unreadable.remove(path);
-            return Read::Gone;
-        }
-        let stat = Stat::of(path);
-        let content = match read_manifest(path) {
-            Ok(c) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    /// Takes in what [`load`] found; errors go to `errors` (each failure
+    /// reported once).
+    fn account(&mut self, path: &Path, loaded: Loaded, errors: &mut Vec<ManifestError>) -> Read {
+        let (stat, hash, parsed) = match loaded {
+            Loaded::Gone => {
                 self.unreadable.remove(path);
                 return Read::Gone;
             }
-            Err(e) => {
+            Loaded::Failed(e) => {
                 if let Some(entry) = self.files.get_mut(path) {
                     entry.stat = None;
                 }
                 errors.extend(self.read_failed(path.to_owned(), e.to_string()));
                 return Read::Kept;
             }
+            Loaded::Read { stat, hash, parsed } => (stat, hash, parsed),
         };
         self.unreadable.remove(path);
-        let hash = hash_of(&content);
         let file = self.file_key(path);
         let entry = self.files.entry(file).or_default();
         entry.stat = stat;
         let changed = entry.content != Some(hash);
-        if !changed && mode == Mode::Changed {
-            return Read::Kept;
-        }
         entry.content = Some(hash);
-        match parse_manifest(path, &content) {
-            Ok(objects) => Read::Parsed { changed, objects },
-            Err(errs) => {
+        match parsed {
+            None => Read::Kept,
+            Some(Ok(objects)) => Read::Parsed {
+                changed,
+                objects: objects
+                    .into_iter()
+                    .map(|(r, h, o)| (self.shared_ref(r), h, o))
+                    .collect(),
+            },
+            Some(Err(errs)) => {
                 if changed {
                     errors.extend(errs);
                 }
@@ -355,33 +454,20 @@ impl ManifestDir {
         }
     }
 
+    /// `r` as the `Arc` in `defs` when known, so each is stored once.
+    fn shared_ref(&self, r: ObjectRef) -> Arc<ObjectRef> {
+        self.defs
+            .get_key_value(&r)
+            .map(|(k, _)| k.clone())
+            .unwrap_or_else(|| Arc::new(r))
+    }
+
     /// The shared key of `path` in `files` (a new one if unknown).
     fn file_key(&self, path: &Path) -> Arc<Path> {
         self.files
             .get_key_value(path)
             .map(|(k, _)| k.clone())
             .unwrap_or_else(|| Arc::from(path))
-    }
-
-    /// One entry per object, the file's last document defining it winning,
-    /// with references shared with `defs` when already known.
-    fn dedupe(&self, objects: Vec<Object>) -> Vec<(Arc<ObjectRef>, u64, Object)> {
-        let mut index: HashMap<ObjectRef, usize> = HashMap::with_capacity(objects.len());
-        let mut out: Vec<Option<(Arc<ObjectRef>, u64, Object)>> = Vec::with_capacity(objects.len());
-        for o in objects {
-            let r = o.object_ref();
-            if let Some(&i) = index.get(&r) {
-                out[i] = None;
-            }
-            index.insert(r.clone(), out.len());
-            let shared = self
-                .defs
-                .get_key_value(&r)
-                .map(|(k, _)| k.clone())
-                .unwrap_or_else(|| Arc::new(r));
-            out.push(Some((shared, hash_of(&o), o)));
-        }
-        out.into_iter().flatten().collect()
     }
 
     /// Replaces the objects `file` defines (`None`: the file is gone),
@@ -481,8 +567,8 @@ fn hash_of<T: Hash + ?Sized>(value: &T) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::super::MAX_MANIFEST_BYTES;
+    use super::*;
     use crate::model::{ClusterState, ObjectKey};
 
     const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";

@@ -345,3 +345,119 @@ async fn hold_back_synced(cancel: &CancellationToken) -> bool {
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str, writing: bool) -> Hint {
+        Hint::File {
+            path: PathBuf::from(name),
+            writing,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_burst_of_events_is_one_read_and_a_single_change_waits_a_few_ms() {
+        let (tx, mut rx) = mpsc::channel(64);
+        // One event: read after the quiet time, not the old 100 ms.
+        let started = Instant::now();
+        let mut pending = Pending::default();
+        pending.add(file("a.yaml", false));
+        assert!(gather(&mut rx, &mut pending).await);
+        assert!(
+            started.elapsed() < Duration::from_millis(50),
+            "{:?}",
+            started.elapsed()
+        );
+
+        // A burst (each event within the quiet time of the previous): one
+        // set of files to read.
+        let sender = tokio::spawn({
+            let tx = tx.clone();
+            async move {
+                for i in 0..20 {
+                    tx.send(file(&format!("f{i}.yaml"), false)).await.unwrap();
+                    tx.send(Hint::Rescan).await.unwrap();
+                }
+            }
+        });
+        let mut pending = Pending::default();
+        pending.add(rx.recv().await.unwrap());
+        assert!(gather(&mut rx, &mut pending).await);
+        sender.await.unwrap();
+        assert_eq!(pending.files.len(), 20);
+        assert!(pending.rescan);
+    }
+
+    #[tokio::test]
+    async fn a_file_written_in_place_is_read_after_its_close() {
+        let (tx, mut rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            tx.send(file("a.yaml", true)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            tx.send(file("a.yaml", false)).await.unwrap();
+            // Held open so that the gather ends by its timers, not a
+            // closed channel.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        });
+        let started = Instant::now();
+        let mut pending = Pending::default();
+        pending.add(file("a.yaml", true));
+        assert!(gather(&mut rx, &mut pending).await);
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(60),
+            "read before the close: {took:?}"
+        );
+        assert!(took < WRITE_MAX, "{took:?}");
+        assert!(!pending.writing());
+    }
+
+    #[test]
+    fn own_reads_raise_no_hint_and_the_directory_itself_rewatches() {
+        use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
+        let dir = Path::new("/m");
+        let rewatch = AtomicBool::new(false);
+        let ev = |kind, paths: &[&str]| {
+            let mut e = notify::Event::new(kind);
+            for p in paths {
+                e = e.add_path(PathBuf::from(p));
+            }
+            Ok(e)
+        };
+        let read = EventKind::Access(AccessKind::Close(AccessMode::Read));
+        assert!(hints(dir, ev(read, &["/m/a.yaml"]), &rewatch).is_empty());
+        assert!(hints(
+            dir,
+            ev(
+                EventKind::Access(AccessKind::Open(AccessMode::Any)),
+                &["/m"]
+            ),
+            &rewatch
+        )
+        .is_empty());
+        assert!(!rewatch.load(Ordering::Relaxed));
+        let rename = EventKind::Modify(ModifyKind::Name(RenameMode::Both));
+        let h = hints(
+            dir,
+            ev(rename, &["/m/.a.yaml.tmp", "/m/a.yaml", "/other/x"]),
+            &rewatch,
+        );
+        let names: Vec<String> = h
+            .iter()
+            .map(|h| match h {
+                Hint::File { path, .. } => path.display().to_string(),
+                Hint::Rescan => "rescan".to_owned(),
+            })
+            .collect();
+        assert_eq!(names, ["/m/.a.yaml.tmp", "/m/a.yaml"]);
+        let removed = EventKind::Remove(notify::event::RemoveKind::Folder);
+        assert!(matches!(
+            hints(dir, ev(removed, &["/m"]), &rewatch)[..],
+            [Hint::Rescan]
+        ));
+        assert!(rewatch.load(Ordering::Relaxed));
+    }
+}
