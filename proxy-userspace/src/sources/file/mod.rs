@@ -48,6 +48,10 @@ const RESCAN_INTERVAL: Duration = Duration::from_secs(5);
 /// applies them while later files are parsed and no whole-directory batch
 /// is held.
 const INITIAL_BATCH: usize = 4096;
+/// Files read together (in parallel) during the initial read: a bound on
+/// the objects held before they are sent.
+const INITIAL_CHUNK_FILES: usize = 256;
+const INITIAL_CHUNK_BYTES: u64 = 4 << 20;
 /// Queued directory events; when full, the next read is a rescan.
 const EVENT_QUEUE: usize = 4096;
 /// Test hook, read from the environment (deliberately not a flag): while
@@ -273,10 +277,20 @@ async fn gather(event_rx: &mut mpsc::Receiver<Hint>, pending: &mut Pending) -> b
 async fn initial_read(manifests: &mut ManifestDir, tx: &SourceSender) -> bool {
     let started = Instant::now();
     let (files, mut errors) = manifests.stale();
-    let mut changes = Vec::new();
     let count = files.len();
-    for file in files {
-        let update = manifests.update([file]);
+    let mut changes = Vec::new();
+    let mut chunk = Vec::new();
+    let mut chunk_bytes = 0;
+    let mut files = files.into_iter().peekable();
+    while let Some(file) = files.next() {
+        chunk_bytes += std::fs::metadata(&file).map_or(0, |m| m.len());
+        chunk.push(file);
+        let last = files.peek().is_none();
+        if chunk.len() < INITIAL_CHUNK_FILES && chunk_bytes < INITIAL_CHUNK_BYTES && !last {
+            continue;
+        }
+        let update = manifests.update(std::mem::take(&mut chunk));
+        chunk_bytes = 0;
         errors.extend(update.errors);
         changes.extend(update.changes);
         if changes.len() >= INITIAL_BATCH
