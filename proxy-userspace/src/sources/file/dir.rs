@@ -102,6 +102,9 @@ enum Read {
     },
 }
 
+/// An object with its reference and the hash of its content.
+type Hashed = (ObjectRef, u64, Object);
+
 /// One file as found on disk, before it is compared with what is known.
 enum Loaded {
     /// Not a manifest any more (removed, renamed away, not a file).
@@ -111,7 +114,7 @@ enum Loaded {
         stat: Option<Stat>,
         hash: u64,
         /// `None`: the content is the one known, not parsed again.
-        parsed: Option<Result<Vec<(ObjectRef, u64, Object)>, Vec<ManifestError>>>,
+        parsed: Option<Result<Vec<Hashed>, Vec<ManifestError>>>,
     },
 }
 
@@ -180,9 +183,9 @@ fn load_all(jobs: Vec<(PathBuf, Option<u64>, Mode)>) -> Vec<(PathBuf, Mode, Load
 
 /// One entry per object, the file's last document defining it winning,
 /// each with the hash of its content.
-fn dedupe(objects: Vec<Object>) -> Vec<(ObjectRef, u64, Object)> {
+fn dedupe(objects: Vec<Object>) -> Vec<Hashed> {
     let mut index: HashMap<ObjectRef, usize> = HashMap::with_capacity(objects.len());
-    let mut out: Vec<Option<(ObjectRef, u64, Object)>> = Vec::with_capacity(objects.len());
+    let mut out: Vec<Option<Hashed>> = Vec::with_capacity(objects.len());
     for o in objects {
         let r = o.object_ref();
         if let Some(i) = index.insert(r.clone(), out.len()) {
