@@ -351,6 +351,10 @@ impl ManifestDir {
                     read_for_objects.insert(path.clone());
                 }
                 match self.account(&path, loaded, &mut update.errors) {
+                    // Removed with the whole directory: far more likely a
+                    // mount hiccup or a re-provisioning than a wish to drop
+                    // every service; the rescan reports the directory.
+                    Read::Gone if !self.dir.is_dir() => {}
                     Read::Gone => {
                         if let Some((file, _)) = self.files.get_key_value(path.as_path()) {
                             let file = file.clone();
@@ -747,6 +751,30 @@ mod tests {
         std::fs::rename(d.join("a.yaml"), d.join("a.yaml.bak")).unwrap();
         let u = seen.update(&[d.join("a.yaml"), d.join("a.yaml.bak")]);
         assert_eq!(u.changes, [Change::Delete(service_ref("other"))]);
+    }
+
+    #[test]
+    fn files_removed_with_their_directory_keep_their_objects() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("m");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("a.yaml"), SVC).unwrap();
+        let mut seen = Seen::open(&d);
+        assert!(seen.rescan().is_empty());
+        std::fs::remove_dir_all(&d).unwrap();
+        // The events name the file first, then the directory.
+        assert!(seen.update(&[d.join("a.yaml")]).changes.is_empty());
+        let errors = seen.rescan();
+        assert!(
+            matches!(errors[..], [ManifestError::Read { .. }]),
+            "{errors:?}"
+        );
+        assert_eq!(seen.state.services.len(), 1);
+        // Created again with other files: those are the state.
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("b.yaml"), svc("other", "10.96.0.2")).unwrap();
+        assert!(seen.rescan().is_empty());
+        assert_eq!(seen.state, whole_read(&d));
     }
 
     #[test]

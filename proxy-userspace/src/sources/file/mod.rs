@@ -41,6 +41,8 @@ const BURST_MAX: Duration = Duration::from_millis(50);
 /// How long a file written in place (a write seen, its close not yet) is
 /// waited for before it is read anyway.
 const WRITE_MAX: Duration = Duration::from_millis(200);
+/// Wait after the directory itself was removed or created before reading.
+const DIR_SETTLE: Duration = Duration::from_millis(100);
 /// Safety net for file systems without inotify events (network mounts):
 /// a stat of each file, a read of those whose stat changed.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(5);
@@ -210,6 +212,14 @@ pub async fn run(
             pending.rescan = true;
         }
         let again = rewatch.swap(false, Ordering::Relaxed);
+        if again {
+            // A directory removed or created again is usually being torn
+            // down or filled (`kubectl cp`): let it settle first.
+            tokio::time::sleep(DIR_SETTLE).await;
+            while let Ok(hint) = event_rx.try_recv() {
+                pending.add(hint);
+            }
+        }
         if let Err(e) = watch_dir(&mut watcher, &dir, &mut watched, again) {
             tracing::debug!(dir = %dir.display(), error = %e, "cannot watch the manifest directory yet");
         }
