@@ -121,3 +121,83 @@ async fn a_recreated_manifest_directory_is_watched_again() {
         rev = next.rev;
     }
 }
+
+/// A one-service change written into place (temporary file, rename) among
+/// many files is served within a few milliseconds, and editors' swap and
+/// backup files next to it are not read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_renamed_into_place_is_served_at_once_and_editor_files_are_ignored() {
+    use ebpf_kube_proxy::localnet::client;
+    use std::time::Instant;
+
+    let files: Vec<(String, String)> = (0..30)
+        .map(|f| {
+            let name = format!("svc-{f}");
+            let content = format!(
+                "{}---\n{}",
+                service("default", &name, &format!("10.96.0.{f}")),
+                slice("default", &name, &["10.244.1.1"])
+            );
+            (format!("file-{f:02}.yaml"), content)
+        })
+        .collect();
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(n, c)| (n.as_str(), c.as_str()))
+        .collect();
+    let d = Daemon::start_in(manifests_dir(&refs), &[]);
+    let mut c = d.unix().await;
+    let first = client::next(&mut c, 0, 0).await.unwrap();
+    assert_eq!(first.services.len(), 30);
+
+    // Swap, backup and lock files holding a valid manifest of a new
+    // service: never read.
+    let extra = service("default", "swap", "10.96.1.1");
+    for name in [
+        ".file-07.yaml.swp",
+        "file-07.yaml~",
+        ".#file-07.yaml",
+        "4913",
+    ] {
+        std::fs::write(d.manifest(name), &extra).unwrap();
+    }
+    let none = tokio::time::timeout(
+        Duration::from_millis(500),
+        client::next(&mut c, first.instance_id, first.rev),
+    )
+    .await;
+    assert!(none.is_err(), "a swap file changed the state: {none:?}");
+
+    // The fastest of three changes: the old source slept 100 ms after an
+    // event before it read the whole directory.
+    let mut rev = first.rev;
+    let mut fastest = Duration::MAX;
+    for i in 0..3 {
+        let ips = [format!("10.244.2.{i}")];
+        let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
+        let content = format!(
+            "{}---\n{}",
+            service("default", "svc-7", "10.96.0.7"),
+            slice("default", "svc-7", &ips)
+        );
+        let written = Instant::now();
+        common::write_atomic(&d.manifest("file-07.yaml"), &content);
+        let next = tokio::time::timeout(
+            Duration::from_secs(10),
+            client::next(&mut c, first.instance_id, rev),
+        )
+        .await
+        .expect("a new revision")
+        .unwrap();
+        fastest = fastest.min(written.elapsed());
+        assert_eq!(next.services.len(), 30);
+        let svc7 = format!("{next:?}");
+        assert!(svc7.contains(&format!("10.244.2.{i}")), "{svc7}");
+        rev = next.rev;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        fastest < Duration::from_millis(60),
+        "a one-file change took {fastest:?} at best"
+    );
+}

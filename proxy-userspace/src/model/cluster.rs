@@ -114,7 +114,7 @@ pub enum TargetPort {
     Name(String),
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ServicePort {
     /// `""` for a single unnamed port.
     pub name: String,
@@ -127,7 +127,7 @@ pub struct ServicePort {
 }
 
 /// One `status.loadBalancer.ingress[]` entry that carries an IP.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LoadBalancerIngress {
     pub ip: IpAddr,
     /// `ipMode: Proxy`: the load balancer delivers to the node itself, so
@@ -146,7 +146,7 @@ pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
 /// Default `sessionAffinityConfig.clientIP.timeoutSeconds`.
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Service {
     pub key: ObjectKey,
     pub uid: String,
@@ -180,7 +180,7 @@ pub enum AddressType {
     Fqdn,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct EndpointSlicePort {
     /// `""` when unnamed.
     pub name: String,
@@ -198,7 +198,7 @@ pub struct TargetRef {
     pub uid: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Endpoint {
     /// `addresses[0]`; FQDN slices carry no endpoints in this model.
     pub ip: IpAddr,
@@ -214,7 +214,7 @@ pub struct Endpoint {
     pub target_ref: Option<TargetRef>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct EndpointSlice {
     pub key: ObjectKey,
     pub labels: BTreeMap<String, String>,
@@ -234,7 +234,7 @@ impl EndpointSlice {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Node {
     pub name: String,
     pub labels: BTreeMap<String, String>,
@@ -274,7 +274,7 @@ pub enum ConditionStatus {
     Unknown,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PodCondition {
     pub condition_type: String,
     pub status: ConditionStatus,
@@ -284,7 +284,7 @@ pub struct PodCondition {
     pub message: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Pod {
     pub key: ObjectKey,
     pub uid: String,
@@ -342,7 +342,7 @@ impl fmt::Display for ObjectRef {
 }
 
 /// One validated object of any consumed kind.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Object {
     // Boxed: a Service is several times larger than the other objects.
     Service(Box<Service>),

@@ -1,0 +1,930 @@
+//! The manifest directory as the file source keeps it between changes: per
+//! file a fingerprint and the objects its last good version defines, per
+//! object the files that define it. Reading some files turns into the
+//! per-object changes that take the consumer from "every file at its last
+//! good version" before the read to the same after it, the file that sorts
+//! last winning an object defined twice (within a file, its last document).
+//!
+//! The objects themselves are not kept (the syncer has them): each object
+//! is remembered by its reference and a hash of its content. The one case
+//! that needs an object not at hand, a duplicate whose winning definition
+//! goes away so an earlier file's takes over, reads that earlier file again.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::manifest::{parse_manifest, read_manifest, ManifestError};
+use super::FileSourceError;
+use crate::model::{Change, Object, ObjectRef};
+
+/// File extensions read as manifests.
+const EXTENSIONS: &[&str] = &["yaml", "yml", "json"];
+/// Threads that read and parse files at once (YAML parsing is most of the
+/// initial read).
+const LOAD_THREADS: usize = 4;
+
+/// What a stat says about a file: any difference means "read it again".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stat {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stat {
+    /// Follows symlinks: a ConfigMap volume's `..data` swap changes the
+    /// inode behind an unchanged link.
+    fn of(path: &Path) -> Option<Stat> {
+        let m = std::fs::metadata(path).ok()?;
+        Some(Stat {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+struct FileEntry {
+    /// At the last read; `None` when it failed, so a rescan tries again.
+    stat: Option<Stat>,
+    /// Hash of the content last read, good or bad: the same content is not
+    /// parsed again, and a broken version is reported once.
+    content: Option<u64>,
+    /// The objects of the last good version and the hash of each.
+    objects: Vec<(Arc<ObjectRef>, u64)>,
+}
+
+/// One file's definition of an object.
+#[derive(Debug)]
+struct Def {
+    file: Arc<Path>,
+    hash: u64,
+}
+
+/// What reading some files changed.
+#[derive(Debug, Default)]
+pub struct Update {
+    /// Deletes first, then upserts, each in object order.
+    pub changes: Vec<Change>,
+    /// Errors of files that changed and failed (each failing version, and
+    /// each read error, is reported once).
+    pub errors: Vec<ManifestError>,
+    /// Files read.
+    pub files_read: usize,
+}
+
+/// How a file is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Parsed when its content changed.
+    Changed,
+    /// Parsed even when unchanged: one of its objects takes over from a
+    /// definition that went away.
+    Objects,
+}
+
+enum Read {
+    /// Not a manifest any more (removed, renamed away, not a file).
+    Gone,
+    /// Unchanged, or failed: the last good version stays.
+    Kept,
+    Parsed {
+        changed: bool,
+        objects: Vec<(Arc<ObjectRef>, u64, Object)>,
+    },
+}
+
+/// An object with its reference and the hash of its content.
+type Hashed = (ObjectRef, u64, Object);
+
+/// One file as found on disk, before it is compared with what is known.
+enum Loaded {
+    /// Not a manifest any more (removed, renamed away, not a file).
+    Gone,
+    Failed(std::io::Error),
+    Read {
+        stat: Option<Stat>,
+        hash: u64,
+        /// `None`: the content is the one known, not parsed again.
+        parsed: Option<Result<Vec<Hashed>, Vec<ManifestError>>>,
+    },
+}
+
+/// Reads and parses one file; `known` is the hash of the content last
+/// read, which is parsed again only for `Mode::Objects`. Touches no state,
+/// so that files are loaded in parallel.
+fn load(path: &Path, known: Option<u64>, mode: Mode) -> Loaded {
+    if !is_file_or_broken_link(path) {
+        return Loaded::Gone;
+    }
+    let stat = Stat::of(path);
+    let content = match read_manifest(path) {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Loaded::Gone,
+        Err(e) => return Loaded::Failed(e),
+    };
+    let hash = hash_of(&content);
+    let parsed = (known != Some(hash) || mode == Mode::Objects)
+        .then(|| parse_manifest(path, &content).map(dedupe));
+    Loaded::Read { stat, hash, parsed }
+}
+
+/// Loads `jobs` on up to [`LOAD_THREADS`] threads, results in job order.
+fn load_all(jobs: Vec<(PathBuf, Option<u64>, Mode)>) -> Vec<(PathBuf, Mode, Loaded)> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(LOAD_THREADS)
+        .min(jobs.len());
+    if threads <= 1 {
+        return jobs
+            .into_iter()
+            .map(|(path, known, mode)| {
+                let loaded = load(&path, known, mode);
+                (path, mode, loaded)
+            })
+            .collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut results: Vec<(usize, Loaded)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((path, known, mode)) = jobs.get(i) else {
+                            return done;
+                        };
+                        done.push((i, load(path, *known, *mode)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            // A worker panics only if `load` does, a bug: pass it on.
+            .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    results.sort_by_key(|(i, _)| *i);
+    jobs.into_iter()
+        .zip(results)
+        .map(|((path, _, mode), (_, loaded))| (path, mode, loaded))
+        .collect()
+}
+
+/// One entry per object, the file's last document defining it winning,
+/// each with the hash of its content.
+fn dedupe(objects: Vec<Object>) -> Vec<Hashed> {
+    let mut index: HashMap<ObjectRef, usize> = HashMap::with_capacity(objects.len());
+    let mut out: Vec<Option<Hashed>> = Vec::with_capacity(objects.len());
+    for o in objects {
+        let r = o.object_ref();
+        if let Some(i) = index.insert(r.clone(), out.len()) {
+            out[i] = None;
+        }
+        out.push(Some((r, hash_of(&o), o)));
+    }
+    out.into_iter().flatten().collect()
+}
+
+/// The manifests of one directory, each file at its last good version.
+#[derive(Debug)]
+pub struct ManifestDir {
+    dir: PathBuf,
+    files: BTreeMap<Arc<Path>, FileEntry>,
+    /// Per object, the files defining it in path order: the last one wins.
+    defs: HashMap<Arc<ObjectRef>, Vec<Def>>,
+    /// The read error last reported per path (the directory included), so
+    /// a file that stays unreadable is reported once, not at every rescan.
+    unreadable: BTreeMap<PathBuf, String>,
+}
+
+impl ManifestDir {
+    /// Checks that the directory exists and holds at least one manifest.
+    pub fn open(dir: &Path) -> Result<Self, FileSourceError> {
+        let meta = std::fs::metadata(dir).map_err(|e| FileSourceError::Directory {
+            dir: dir.to_owned(),
+            reason: e.to_string(),
+        })?;
+        if !meta.is_dir() {
+            return Err(FileSourceError::Directory {
+                dir: dir.to_owned(),
+                reason: "not a directory".to_owned(),
+            });
+        }
+        let this = Self {
+            dir: dir.to_owned(),
+            files: BTreeMap::new(),
+            defs: HashMap::new(),
+            unreadable: BTreeMap::new(),
+        };
+        if this
+            .list()
+            .map_err(|e| FileSourceError::Directory {
+                dir: dir.to_owned(),
+                reason: e.to_string(),
+            })?
+            .is_empty()
+        {
+            return Err(FileSourceError::Empty {
+                dir: dir.to_owned(),
+            });
+        }
+        Ok(this)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether `path` is a manifest of this directory by its name: directly
+    /// in it, not hidden (editors' `.x.swp`, `.#x`, the `.x.tmp` of an
+    /// atomic write), with a manifest extension (not `x.yaml~`).
+    pub fn is_manifest_path(&self, path: &Path) -> bool {
+        let hidden = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_none_or(|n| n.starts_with('.'));
+        let manifest = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| EXTENSIONS.contains(&e));
+        path.parent() == Some(self.dir.as_path()) && !hidden && manifest
+    }
+
+    fn list(&self) -> std::io::Result<Vec<PathBuf>> {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            if self.is_manifest_path(&path) && is_file_or_broken_link(&path) {
+                files.push(path);
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+
+    /// The files a rescan must read: new ones, changed ones (by stat), the
+    /// ones that failed to read, and the ones gone. Lists the directory,
+    /// stats each manifest and reads none. A directory that cannot be
+    /// listed is an error (reported once) and nothing to read: a vanished
+    /// directory is far more likely a mount hiccup than a wish to drop
+    /// every service.
+    pub fn stale(&mut self) -> (Vec<PathBuf>, Vec<ManifestError>) {
+        let listed = match self.list() {
+            Ok(l) => {
+                self.unreadable.remove(&self.dir);
+                l
+            }
+            Err(e) => {
+                let dir = self.dir.clone();
+                return (
+                    Vec::new(),
+                    self.read_failed(dir, e.to_string()).into_iter().collect(),
+                );
+            }
+        };
+        let present: BTreeSet<&Path> = listed.iter().map(PathBuf::as_path).collect();
+        let dir = self.dir.clone();
+        self.unreadable
+            .retain(|path, _| *path == dir || present.contains(path.as_path()));
+        let mut stale: Vec<PathBuf> = self
+            .files
+            .keys()
+            .filter(|p| !present.contains(&***p))
+            .map(|p| p.to_path_buf())
+            .collect();
+        for path in &listed {
+            let known = self.files.get(path.as_path()).and_then(|e| e.stat);
+            if known.is_none() || known != Stat::of(path) {
+                stale.push(path.clone());
+            }
+        }
+        stale.sort();
+        (stale, Vec::new())
+    }
+
+    /// The safety net for file systems without inotify: reads only what
+    /// [`Self::stale`] names.
+    pub fn rescan(&mut self) -> Update {
+        let (stale, errors) = self.stale();
+        let mut update = self.update(stale);
+        update.errors.splice(0..0, errors);
+        update
+    }
+
+    /// Reads the files at `paths` (those an event named, whatever their stat
+    /// says: two writes within one clock tick leave the same mtime) and
+    /// returns the changes. Paths that are not manifests are skipped.
+    pub fn update(&mut self, paths: impl IntoIterator<Item = PathBuf>) -> Update {
+        let mut todo: BTreeMap<PathBuf, Mode> = paths
+            .into_iter()
+            .filter(|p| self.is_manifest_path(p))
+            .map(|p| (p, Mode::Changed))
+            .collect();
+        let mut update = Update::default();
+        // The winner of each object touched, before this update.
+        let mut before: HashMap<Arc<ObjectRef>, Option<(Arc<Path>, u64)>> = HashMap::new();
+        // The objects of each file parsed, by reference.
+        let mut parsed: HashMap<Arc<Path>, HashMap<Arc<ObjectRef>, Object>> = HashMap::new();
+        let mut read_for_objects: HashSet<PathBuf> = HashSet::new();
+        while !todo.is_empty() {
+            let jobs = std::mem::take(&mut todo)
+                .into_iter()
+                .map(|(path, mode)| {
+                    let known = self.files.get(path.as_path()).and_then(|e| e.content);
+                    (path, known, mode)
+                })
+                .collect();
+            for (path, mode, loaded) in load_all(jobs) {
+                update.files_read += 1;
+                if mode == Mode::Objects {
+                    read_for_objects.insert(path.clone());
+                }
+                match self.account(&path, loaded, &mut update.errors) {
+                    // Removed with the whole directory: far more likely a
+                    // mount hiccup or a re-provisioning than a wish to drop
+                    // every service; the rescan reports the directory.
+                    Read::Gone if !self.dir.is_dir() => {}
+                    Read::Gone => {
+                        if let Some((file, _)) = self.files.get_key_value(path.as_path()) {
+                            let file = file.clone();
+                            self.set_objects(&file, None, &mut before);
+                        }
+                    }
+                    Read::Kept => {}
+                    Read::Parsed { changed, objects } => {
+                        let file = self.file_key(&path);
+                        if changed {
+                            let defs = objects.iter().map(|(r, h, _)| (r.clone(), *h)).collect();
+                            self.set_objects(&file, Some(defs), &mut before);
+                        }
+                        parsed.insert(file, objects.into_iter().map(|(r, _, o)| (r, o)).collect());
+                    }
+                }
+            }
+            // An object whose definition changed hands to a file not read
+            // now: read that file for it.
+            for (r, was) in &before {
+                let Some((file, hash)) = self.winner(r) else {
+                    continue;
+                };
+                let have = parsed.get(&file).is_some_and(|o| o.contains_key(r));
+                if was.as_ref().map(|w| w.1) != Some(hash)
+                    && !have
+                    && !read_for_objects.contains(&*file)
+                {
+                    todo.insert(file.to_path_buf(), Mode::Objects);
+                }
+            }
+        }
+        let mut deletes = Vec::new();
+        let mut upserts = Vec::new();
+        for (r, was) in before {
+            match (was, self.winner(&r)) {
+                (None, None) => {}
+                (Some(_), None) => deletes.push((*r).clone()),
+                (was, Some((file, hash))) => {
+                    if was.map(|w| w.1) == Some(hash) {
+                        continue;
+                    }
+                    match parsed.get_mut(&file).and_then(|o| o.remove(&r)) {
+                        Some(o) => upserts.push(o),
+                        // Its file is broken now: its last good version is
+                        // in effect but was not kept. Rare enough (a
+                        // duplicate, and its file broken meanwhile) to keep
+                        // the previous definition and say so.
+                        None => {
+                            tracing::warn!(object = %r, file = %file.display(), "object defined twice: the definition that takes over is in a file that does not parse now; keeping the previous one")
+                        }
+                    }
+                }
+            }
+        }
+        deletes.sort();
+        upserts.sort_by_cached_key(Object::object_ref);
+        update.changes = deletes
+            .into_iter()
+            .map(Change::Delete)
+            .chain(upserts.into_iter().map(Change::Upsert))
+            .collect();
+        update
+    }
+
+    /// Takes in what [`load`] found; errors go to `errors` (each failure
+    /// reported once).
+    fn account(&mut self, path: &Path, loaded: Loaded, errors: &mut Vec<ManifestError>) -> Read {
+        let (stat, hash, parsed) = match loaded {
+            Loaded::Gone => {
+                self.unreadable.remove(path);
+                return Read::Gone;
+            }
+            Loaded::Failed(e) => {
+                if let Some(entry) = self.files.get_mut(path) {
+                    entry.stat = None;
+                }
+                errors.extend(self.read_failed(path.to_owned(), e.to_string()));
+                return Read::Kept;
+            }
+            Loaded::Read { stat, hash, parsed } => (stat, hash, parsed),
+        };
+        self.unreadable.remove(path);
+        let file = self.file_key(path);
+        let entry = self.files.entry(file).or_default();
+        entry.stat = stat;
+        let changed = entry.content != Some(hash);
+        entry.content = Some(hash);
+        match parsed {
+            None => Read::Kept,
+            Some(Ok(objects)) => Read::Parsed {
+                changed,
+                objects: objects
+                    .into_iter()
+                    .map(|(r, h, o)| (self.shared_ref(r), h, o))
+                    .collect(),
+            },
+            Some(Err(errs)) => {
+                if changed {
+                    errors.extend(errs);
+                }
+                Read::Kept
+            }
+        }
+    }
+
+    /// `r` as the `Arc` in `defs` when known, so each is stored once.
+    fn shared_ref(&self, r: ObjectRef) -> Arc<ObjectRef> {
+        self.defs
+            .get_key_value(&r)
+            .map(|(k, _)| k.clone())
+            .unwrap_or_else(|| Arc::new(r))
+    }
+
+    /// The shared key of `path` in `files` (a new one if unknown).
+    fn file_key(&self, path: &Path) -> Arc<Path> {
+        self.files
+            .get_key_value(path)
+            .map(|(k, _)| k.clone())
+            .unwrap_or_else(|| Arc::from(path))
+    }
+
+    /// Replaces the objects `file` defines (`None`: the file is gone),
+    /// noting in `before` the winner of each object touched, first time.
+    fn set_objects(
+        &mut self,
+        file: &Arc<Path>,
+        new: Option<Vec<(Arc<ObjectRef>, u64)>>,
+        before: &mut HashMap<Arc<ObjectRef>, Option<(Arc<Path>, u64)>>,
+    ) {
+        let old = match new {
+            None => self
+                .files
+                .remove(file)
+                .map(|e| e.objects)
+                .unwrap_or_default(),
+            Some(new) => std::mem::replace(
+                &mut self.files.entry(file.clone()).or_default().objects,
+                new,
+            ),
+        };
+        let mut old_refs: HashSet<&Arc<ObjectRef>> = HashSet::new();
+        for (r, _) in &old {
+            old_refs.insert(r);
+            before
+                .entry(r.clone())
+                .or_insert_with(|| winner(&self.defs, r));
+            if let Some(defs) = self.defs.get_mut(r) {
+                defs.retain(|d| d.file != *file);
+                if defs.is_empty() {
+                    self.defs.remove(r);
+                }
+            }
+        }
+        let Some(entry) = self.files.get(file) else {
+            return;
+        };
+        for (r, hash) in &entry.objects {
+            before
+                .entry(r.clone())
+                .or_insert_with(|| winner(&self.defs, r));
+            let defs = self.defs.entry(r.clone()).or_default();
+            let at = defs.partition_point(|d| d.file < *file);
+            if !defs.is_empty() && !old_refs.contains(r) {
+                let others: Vec<String> =
+                    defs.iter().map(|d| d.file.display().to_string()).collect();
+                tracing::warn!(object = %r, file = %file.display(), ?others, "object defined twice; the file that sorts last wins");
+            }
+            defs.insert(
+                at,
+                Def {
+                    file: file.clone(),
+                    hash: *hash,
+                },
+            );
+        }
+    }
+
+    fn winner(&self, r: &ObjectRef) -> Option<(Arc<Path>, u64)> {
+        winner(&self.defs, r)
+    }
+
+    /// A read error for `path`, unless the same one was reported last time.
+    /// The file's last good version stays in effect.
+    fn read_failed(&mut self, path: PathBuf, reason: String) -> Option<ManifestError> {
+        if self.unreadable.get(&path) == Some(&reason) {
+            return None;
+        }
+        self.unreadable.insert(path.clone(), reason.clone());
+        Some(ManifestError::Read { file: path, reason })
+    }
+
+    /// Objects known (each counted once, duplicates too).
+    pub fn object_count(&self) -> usize {
+        self.defs.len()
+    }
+}
+
+fn winner(defs: &HashMap<Arc<ObjectRef>, Vec<Def>>, r: &ObjectRef) -> Option<(Arc<Path>, u64)> {
+    defs.get(r)
+        .and_then(|d| d.last())
+        .map(|d| (d.file.clone(), d.hash))
+}
+
+/// `is_file` follows symlinks (ConfigMap volumes are symlinks). A symlink
+/// that leads nowhere (dangling, or a loop) counts too, so that reading it
+/// reports why.
+fn is_file_or_broken_link(path: &Path) -> bool {
+    path.is_file() || (path.is_symlink() && std::fs::metadata(path).is_err())
+}
+
+fn hash_of<T: Hash + ?Sized>(value: &T) -> u64 {
+    let mut h = DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::MAX_MANIFEST_BYTES;
+    use super::*;
+    use crate::model::{ClusterState, ObjectKey};
+
+    const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";
+
+    fn svc(name: &str, ip: &str) -> String {
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n")
+    }
+
+    fn service_ref(name: &str) -> ObjectRef {
+        ObjectRef {
+            kind: crate::model::ObjectKind::Service,
+            key: ObjectKey::new("default", name),
+        }
+    }
+
+    /// A manifest directory and the state a consumer of its changes holds.
+    struct Seen {
+        m: ManifestDir,
+        state: ClusterState,
+    }
+
+    impl Seen {
+        fn open(dir: &Path) -> Self {
+            Seen {
+                m: ManifestDir::open(dir).unwrap(),
+                state: ClusterState::default(),
+            }
+        }
+
+        fn apply(&mut self, update: Update) -> Update {
+            for c in &update.changes {
+                self.state.apply(c.clone());
+            }
+            update
+        }
+
+        fn rescan(&mut self) -> Vec<ManifestError> {
+            let u = self.m.rescan();
+            self.apply(u).errors
+        }
+
+        fn update(&mut self, paths: &[PathBuf]) -> Update {
+            let u = self.m.update(paths.iter().cloned());
+            self.apply(u)
+        }
+
+        fn cluster_state(&self) -> ClusterState {
+            self.state.clone()
+        }
+    }
+
+    /// The state of a directory whose files all parse, as the source read
+    /// it before it followed changes: every file in path order, a later
+    /// definition replacing an earlier one.
+    fn whole_read(dir: &Path) -> ClusterState {
+        let m = ManifestDir::open(dir).unwrap();
+        let mut state = ClusterState::default();
+        for path in m.list().unwrap() {
+            let content = std::fs::read_to_string(&path).unwrap();
+            for o in parse_manifest(&path, &content).unwrap() {
+                state.apply(Change::Upsert(o));
+            }
+        }
+        state
+    }
+
+    #[test]
+    fn a_change_to_one_file_among_many_reads_it_alone_and_sends_only_what_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let content = |f: usize, ip_of_1: &str| {
+            [
+                svc(&format!("s{f}-0"), &format!("10.96.{f}.0")),
+                svc(&format!("s{f}-1"), ip_of_1),
+                svc(&format!("s{f}-2"), &format!("10.96.{f}.2")),
+            ]
+            .join("---\n")
+        };
+        for f in 0..20 {
+            std::fs::write(
+                d.join(format!("f{f:02}.yaml")),
+                content(f, &format!("10.96.{f}.1")),
+            )
+            .unwrap();
+        }
+        let mut seen = Seen::open(d);
+        assert!(seen.rescan().is_empty());
+        assert_eq!(seen.state.services.len(), 60);
+
+        let f7 = d.join("f07.yaml");
+        std::fs::write(&f7, content(7, "10.96.200.1")).unwrap();
+        let u = seen.update(std::slice::from_ref(&f7));
+        assert_eq!(u.files_read, 1);
+        assert!(u.errors.is_empty());
+        let refs: Vec<ObjectRef> = u.changes.iter().map(Change::object_ref).collect();
+        assert_eq!(refs, [service_ref("s7-1")], "{:?}", u.changes);
+        assert!(matches!(u.changes[0], Change::Upsert(_)));
+
+        // One object out of the file: one delete.
+        std::fs::write(
+            &f7,
+            [svc("s7-0", "10.96.7.0"), svc("s7-2", "10.96.7.2")].join("---\n"),
+        )
+        .unwrap();
+        let u = seen.update(std::slice::from_ref(&f7));
+        assert_eq!(u.changes, [Change::Delete(service_ref("s7-1"))]);
+        assert_eq!(seen.state, whole_read(d));
+
+        // The same content again (a touch, a chmod): nothing.
+        assert!(seen.update(std::slice::from_ref(&f7)).changes.is_empty());
+        // The periodic rescan reads nothing that did not change.
+        assert_eq!(seen.m.rescan().files_read, 0);
+    }
+
+    #[test]
+    fn the_rescan_reads_only_files_whose_stat_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for f in 0..10 {
+            std::fs::write(
+                d.join(format!("f{f}.yaml")),
+                svc(&format!("s{f}"), &format!("10.96.0.{f}")),
+            )
+            .unwrap();
+        }
+        let mut seen = Seen::open(d);
+        let u = seen.m.rescan();
+        assert_eq!(u.files_read, 10);
+        seen.apply(u);
+        std::fs::write(d.join("f3.yaml"), svc("s3", "10.96.0.103")).unwrap();
+        std::fs::remove_file(d.join("f5.yaml")).unwrap();
+        let u = seen.m.rescan();
+        assert_eq!(u.files_read, 2, "the changed file and the removed one");
+        let refs: Vec<ObjectRef> = u.changes.iter().map(Change::object_ref).collect();
+        assert_eq!(refs, [service_ref("s5"), service_ref("s3")]);
+        seen.apply(u);
+        assert_eq!(seen.state, whole_read(d));
+    }
+
+    #[test]
+    fn rename_into_place_is_read_and_editor_files_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("a.yaml"), SVC).unwrap();
+        let mut seen = Seen::open(d);
+        assert!(seen.rescan().is_empty());
+
+        // An editor's swap, backup and lock files, vim's write test and an
+        // atomic writer's temporary file, each a valid manifest.
+        let others = [".a.yaml.swp", "a.yaml~", ".#a.yaml", "4913", ".a.yaml.tmp"];
+        for name in others {
+            std::fs::write(d.join(name), svc("other", "10.96.0.9")).unwrap();
+        }
+        let paths: Vec<PathBuf> = others.iter().map(|n| d.join(n)).collect();
+        let u = seen.update(&paths);
+        assert_eq!(u.files_read, 0);
+        assert!(u.changes.is_empty());
+        assert_eq!(seen.m.rescan().files_read, 0);
+
+        // The temporary file renamed over a.yaml: the events name both.
+        std::fs::rename(d.join(".a.yaml.tmp"), d.join("a.yaml")).unwrap();
+        let u = seen.update(&[d.join(".a.yaml.tmp"), d.join("a.yaml")]);
+        assert_eq!(u.files_read, 1);
+        assert_eq!(
+            u.changes.iter().map(Change::object_ref).collect::<Vec<_>>(),
+            [service_ref("web"), service_ref("other")]
+        );
+        assert!(matches!(u.changes[0], Change::Delete(_)), "{:?}", u.changes);
+        assert!(matches!(u.changes[1], Change::Upsert(_)), "{:?}", u.changes);
+        assert_eq!(seen.state, whole_read(d));
+
+        // Renamed away (to a name that is not a manifest): gone.
+        std::fs::rename(d.join("a.yaml"), d.join("a.yaml.bak")).unwrap();
+        let u = seen.update(&[d.join("a.yaml"), d.join("a.yaml.bak")]);
+        assert_eq!(u.changes, [Change::Delete(service_ref("other"))]);
+    }
+
+    #[test]
+    fn files_removed_with_their_directory_keep_their_objects() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("m");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("a.yaml"), SVC).unwrap();
+        let mut seen = Seen::open(&d);
+        assert!(seen.rescan().is_empty());
+        std::fs::remove_dir_all(&d).unwrap();
+        // The events name the file first, then the directory.
+        assert!(seen.update(&[d.join("a.yaml")]).changes.is_empty());
+        let errors = seen.rescan();
+        assert!(
+            matches!(errors[..], [ManifestError::Read { .. }]),
+            "{errors:?}"
+        );
+        assert_eq!(seen.state.services.len(), 1);
+        // Created again with other files: those are the state.
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("b.yaml"), svc("other", "10.96.0.2")).unwrap();
+        assert!(seen.rescan().is_empty());
+        assert_eq!(seen.state, whole_read(&d));
+    }
+
+    #[test]
+    fn an_object_defined_twice_comes_from_the_file_that_sorts_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let (a, b) = (d.join("a.yaml"), d.join("b.yaml"));
+        std::fs::write(
+            &a,
+            [svc("web", "10.96.0.1"), svc("x", "10.96.1.1")].join("---\n"),
+        )
+        .unwrap();
+        // Within a file, the last document wins.
+        std::fs::write(
+            &b,
+            [svc("web", "10.96.0.9"), svc("web", "10.96.0.2")].join("---\n"),
+        )
+        .unwrap();
+        let mut seen = Seen::open(d);
+        assert!(seen.rescan().is_empty());
+        assert_eq!(seen.state, whole_read(d));
+        let ip = |seen: &Seen| {
+            seen.state.services[&ObjectKey::new("default", "web")].cluster_ips[0].to_string()
+        };
+        assert_eq!(ip(&seen), "10.96.0.2");
+
+        // The losing definition changes: nothing to send.
+        std::fs::write(
+            &a,
+            [svc("web", "10.96.0.3"), svc("x", "10.96.1.1")].join("---\n"),
+        )
+        .unwrap();
+        assert!(seen.update(std::slice::from_ref(&a)).changes.is_empty());
+        assert_eq!(ip(&seen), "10.96.0.2");
+
+        // The winning definition goes: the other file's takes over.
+        std::fs::write(&b, svc("y", "10.96.2.1")).unwrap();
+        let u = seen.update(std::slice::from_ref(&b));
+        assert_eq!(u.files_read, 2, "a.yaml read again for its definition");
+        assert_eq!(ip(&seen), "10.96.0.3");
+        assert_eq!(seen.state, whole_read(d));
+
+        // Defined again in the later file, then that file removed.
+        std::fs::write(&b, svc("web", "10.96.0.4")).unwrap();
+        seen.update(std::slice::from_ref(&b));
+        assert_eq!(ip(&seen), "10.96.0.4");
+        std::fs::remove_file(&b).unwrap();
+        seen.update(std::slice::from_ref(&b));
+        assert_eq!(ip(&seen), "10.96.0.3");
+        assert_eq!(seen.state, whole_read(d));
+
+        // The only definition goes: deleted.
+        std::fs::write(&a, svc("x", "10.96.1.1")).unwrap();
+        let u = seen.update(std::slice::from_ref(&a));
+        assert_eq!(u.changes, [Change::Delete(service_ref("web"))]);
+    }
+
+    #[test]
+    fn a_broken_file_keeps_its_last_good_version_and_others_apply() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), SVC).unwrap();
+        std::fs::write(
+            dir.path().join("b.json"),
+            r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"}}"#,
+        )
+        .unwrap();
+        let mut m = Seen::open(dir.path());
+        assert!(m.rescan().is_empty());
+        assert_eq!(m.cluster_state().services.len(), 1);
+
+        std::fs::write(dir.path().join("a.yaml"), "kind: Service\n  bad: indent").unwrap();
+        std::fs::remove_file(dir.path().join("b.json")).unwrap();
+        let errors = m.rescan();
+        assert_eq!(errors.len(), 1);
+        let state = m.cluster_state();
+        assert_eq!(state.services.len(), 1, "last good a.yaml stays");
+        assert!(state.nodes.is_empty(), "removed file is dropped");
+        assert!(
+            m.rescan().is_empty(),
+            "an unchanged broken file is reported once"
+        );
+    }
+
+    #[test]
+    fn unreadable_files_are_named_once_and_keep_their_last_good_version() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("a.yaml"), SVC).unwrap();
+        let mut m = Seen::open(d);
+        assert!(m.rescan().is_empty());
+
+        // A symlink loop, a dangling symlink, a file that is not UTF-8 and
+        // one over the size cap (sparse: no disk is used).
+        symlink(d.join("loop.yaml"), d.join("loop.yaml")).unwrap();
+        symlink(d.join("gone"), d.join("dangling.yaml")).unwrap();
+        std::fs::write(
+            d.join("latin1.yaml"),
+            b"kind: Service\nmetadata: {name: caf\xe9}\n",
+        )
+        .unwrap();
+        let big = std::fs::File::create(d.join("big.yaml")).unwrap();
+        big.set_len(MAX_MANIFEST_BYTES + 1).unwrap();
+        // a.yaml's new version is unreadable too: a symlink into the loop.
+        std::fs::remove_file(d.join("a.yaml")).unwrap();
+        symlink(d.join("loop.yaml"), d.join("a.yaml")).unwrap();
+
+        let mut messages: Vec<String> = m.rescan().iter().map(ToString::to_string).collect();
+        messages.sort();
+        let expect = |file: &str, reason: &str| {
+            let file = d.join(file).display().to_string();
+            assert!(
+                messages
+                    .iter()
+                    .any(|m| m.starts_with(&file) && m.contains(reason)),
+                "{file}: {reason} not in {messages:#?}"
+            );
+        };
+        expect("loop.yaml", "symlink loop");
+        expect("dangling.yaml", "dangling symlink");
+        expect("latin1.yaml", "not UTF-8 (invalid byte at offset 34)");
+        expect("big.yaml", "more than the 128 MiB a manifest may have");
+        expect("a.yaml", "symlink loop");
+        assert_eq!(messages.len(), 5, "{messages:#?}");
+        assert_eq!(
+            m.cluster_state().services.len(),
+            1,
+            "a.yaml's last good version stays"
+        );
+        assert!(m.rescan().is_empty(), "the same errors are not repeated");
+
+        // Fixed: applied at once; broken again: reported again.
+        std::fs::remove_file(d.join("a.yaml")).unwrap();
+        std::fs::write(d.join("a.yaml"), SVC.replace("web", "web2")).unwrap();
+        assert!(m.rescan().is_empty());
+        assert!(m.cluster_state().services.keys().any(|k| k.name == "web2"));
+        std::fs::remove_file(d.join("a.yaml")).unwrap();
+        symlink(d.join("gone"), d.join("a.yaml")).unwrap();
+        assert_eq!(m.rescan().len(), 1);
+    }
+
+    #[test]
+    fn missing_or_empty_directory_is_a_startup_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = ManifestDir::open(dir.path()).unwrap_err();
+        assert!(
+            err.to_string().contains("no .yaml, .yml or .json files"),
+            "{err}"
+        );
+        let err = ManifestDir::open(&dir.path().join("nope")).unwrap_err();
+        assert!(err.to_string().starts_with("--manifests "), "{err}");
+    }
+}
