@@ -157,18 +157,27 @@ pub fn idle_cpu(bed: &Bed, window: Duration) -> Result<f64> {
 
 /// VmHWM (peak resident set) of the daemon, in MiB.
 pub fn peak_rss_mib(bed: &Bed) -> Result<f64> {
+    status_mib(bed, "VmHWM:")
+}
+
+/// VmRSS (resident set now) of the daemon, in MiB.
+pub fn rss_mib(bed: &Bed) -> Result<f64> {
+    status_mib(bed, "VmRSS:")
+}
+
+fn status_mib(bed: &Bed, field: &str) -> Result<f64> {
     let pid = proc_pid(bed)?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("reading /proc/{pid}/status"))?;
     let kib: f64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .context("no VmHWM")?
+        .find_map(|l| l.strip_prefix(field))
+        .with_context(|| format!("no {field}"))?
         .trim()
         .trim_end_matches("kB")
         .trim()
         .parse()
-        .context("VmHWM")?;
+        .with_context(|| format!("{field} value"))?;
     Ok(kib / 1024.0)
 }
 

@@ -8,7 +8,12 @@
 //! cargo xtask bench [--only localstate|nftables|datapath|scale] [--quick]
 //!                   [--scales 1k/10k,10k/100k,50k/250k] [--datapaths ebpf,nftables,none]
 //!                   [--sources file,kube] [--changes N] [--watchers N] [--idle-seconds N]
+//!                   [--daemon-bin PATH --fanout-bin PATH]
 //! ```
+//!
+//! `--daemon-bin` and `--fanout-bin` take prebuilt release binaries (the
+//! daemon and `proxy-userspace/examples/watch_fanout.rs`) instead of
+//! building them.
 
 mod daemon;
 mod manifests;
@@ -38,6 +43,8 @@ struct Options {
     changes: usize,
     watchers: usize,
     idle: Duration,
+    /// Prebuilt daemon and fan-out client: no build.
+    binaries: Option<(PathBuf, PathBuf)>,
 }
 
 fn parse_args(args: &[String]) -> Result<Options> {
@@ -69,7 +76,9 @@ fn parse_args(args: &[String]) -> Result<Options> {
         changes: if quick { 5 } else { 20 },
         watchers: 100,
         idle: Duration::from_secs(if quick { 3 } else { 10 }),
+        binaries: None,
     };
+    let (mut daemon_bin, mut fanout_bin) = (None, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = || it.next().with_context(|| format!("{a} needs a value"));
@@ -109,9 +118,16 @@ fn parse_args(args: &[String]) -> Result<Options> {
             "--idle-seconds" => {
                 o.idle = Duration::from_secs(value()?.parse().context("--idle-seconds")?)
             }
+            "--daemon-bin" => daemon_bin = Some(PathBuf::from(value()?)),
+            "--fanout-bin" => fanout_bin = Some(PathBuf::from(value()?)),
             other => bail!("cargo xtask bench: unknown argument {other}"),
         }
     }
+    o.binaries = match (daemon_bin, fanout_bin) {
+        (Some(d), Some(f)) => Some((d, f)),
+        (None, None) => None,
+        _ => bail!("--daemon-bin and --fanout-bin go together"),
+    };
     Ok(o)
 }
 
@@ -202,7 +218,15 @@ fn scale_table(root: &Path, o: &Options) -> Result<()> {
     let started = Instant::now();
     let dir = RunDir(std::env::temp_dir().join(format!("ekp-bench-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).context("creating the run directory")?;
-    let (daemon_bin, fanout_bin) = build_binaries(root, &dir.0)?;
+    let (daemon_bin, fanout_bin) = match &o.binaries {
+        Some((d, f)) => {
+            let (daemon, fanout) = (dir.0.join("ebpf-kube-proxy"), dir.0.join("watch_fanout"));
+            std::fs::copy(d, &daemon).with_context(|| format!("copying {}", d.display()))?;
+            std::fs::copy(f, &fanout).with_context(|| format!("copying {}", f.display()))?;
+            (daemon, fanout)
+        }
+        None => build_binaries(root, &dir.0)?,
+    };
     let commit = commit(root);
     let settings = Settings {
         change_samples: o.changes,

@@ -259,6 +259,9 @@ fn changes(
     Ok(out)
 }
 
+const FANOUT_TIMEOUT: Duration = Duration::from_secs(120);
+const FANOUT_RSS_CAP_MIB: f64 = 6144.0;
+
 /// Reads a child's stdout lines on a thread.
 fn line_reader(child: &mut Child) -> Result<mpsc::Receiver<String>> {
     let stdout = child.stdout.take().context("no stdout")?;
@@ -296,22 +299,15 @@ fn fanout(
         .with_context(|| format!("starting {}", settings.fanout_bin.display()))?;
     let result = (|| -> Result<f64> {
         let lines = line_reader(&mut helper)?;
-        let timeout = Duration::from_secs(180);
-        let ready = lines
-            .recv_timeout(timeout)
-            .context("the watchers did not all get the first state")?;
+        let ready = next_line(bed, &lines, "the watchers did not all get the first state")?;
         let ready_rev: u64 = ready
             .strip_prefix("ready ")
             .and_then(|r| r.parse().ok())
             .with_context(|| format!("unexpected line {ready:?}"))?;
         let written = unix_now();
         driver.change(pods, generation)?;
-        let deadline = Instant::now() + timeout;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = lines
-                .recv_timeout(left)
-                .context("the watchers did not all get the new revision within 180 s")?;
+            let line = next_line(bed, &lines, "the watchers did not all get the new revision")?;
             let mut words = line.split_whitespace().skip(1);
             let rev: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
             let at: f64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0.0);
@@ -330,6 +326,27 @@ fn fanout(
         return result.with_context(|| format!("fan-out helper: {}", err.trim()));
     }
     result
+}
+
+/// The fan-out helper's next line, within [`FANOUT_TIMEOUT`]; gives up
+/// early when the daemon's RSS passes [`FANOUT_RSS_CAP_MIB`] (a copy of the
+/// state per watcher must not take the machine down).
+fn next_line(bed: &Bed, lines: &mpsc::Receiver<String>, what: &str) -> Result<String> {
+    let deadline = Instant::now() + FANOUT_TIMEOUT;
+    loop {
+        match lines.recv_timeout(Duration::from_millis(200)) {
+            Ok(line) => return Ok(line),
+            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("{what}: the helper exited"),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if Instant::now() > deadline {
+            bail!("{what} within {} s", FANOUT_TIMEOUT.as_secs());
+        }
+        let rss = daemon::rss_mib(bed)?;
+        if rss > FANOUT_RSS_CAP_MIB {
+            bail!("{what}: stopped at a daemon RSS of {rss:.0} MiB (cap {FANOUT_RSS_CAP_MIB} MiB)");
+        }
+    }
 }
 
 /// SIGKILL and restart while a client connects to the probe ClusterIP
