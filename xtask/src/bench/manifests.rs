@@ -19,8 +19,9 @@ use serde_json::{json, Value};
 pub const NAMESPACE: &str = "bench";
 pub const PROBE_IP: &str = "10.96.0.5";
 pub const CHURN_ENDPOINTS: usize = 10;
-/// Services per manifest file.
-const SERVICES_PER_FILE: usize = 1000;
+/// Services per manifest file (two documents each; the file source takes
+/// at most 1,024 documents per file).
+const SERVICES_PER_FILE: usize = 500;
 /// The file holding `probe` and `churn`: rewritten for each change.
 pub const CHURN_FILE: &str = "scenario.yaml";
 

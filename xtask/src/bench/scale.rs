@@ -217,12 +217,27 @@ fn progress_line(what: &str, r: &Result<f64, String>) {
 fn full_sync(bed: &mut Bed, total: u64, settings: &Settings) -> Result<f64> {
     let spawned = unix_now();
     bed.spawn_daemon()?;
-    let p = daemon::wait_for(
+    let first = daemon::wait_for(
         bed,
         settings.sync_timeout,
         Duration::from_millis(20),
-        "whole state programmed",
-        |p| p.programmed_rev >= 1 && p.programmed_rev >= p.state_rev && p.services == total,
+        "first state programmed",
+        |p| p.programmed_rev >= 1 && p.programmed_rev >= p.state_rev,
+    )?;
+    if first.services == total {
+        return Ok(first.programmed_at - spawned);
+    }
+    // Never-partial: the first state should be whole; give a late object a
+    // moment, then report what is missing.
+    let p = daemon::wait_for(
+        bed,
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        &format!(
+            "all {total} services (the first state had {})",
+            first.services
+        ),
+        |p| p.programmed_rev >= p.state_rev && p.services == total,
     )?;
     Ok(p.programmed_at - spawned)
 }
