@@ -55,11 +55,8 @@ async fn watcher(
     while let Some(event) = stream.next().await {
         match event?.event {
             Some(Event::Begin(b)) => rev = b.rev,
-            Some(Event::End(_)) => {
-                if done.send((index, rev)).is_err() {
-                    return Ok(());
-                }
-            }
+            // A frame is complete: report it (the main task gone: stop).
+            Some(Event::End(_)) if done.send((index, rev)).is_err() => return Ok(()),
             _ => {}
         }
     }

@@ -245,7 +245,10 @@ fn scale_table(root: &Path, o: &Options) -> Result<()> {
     let mut cells = Vec::new();
     let mut baselines = BTreeMap::new();
     for &scale in &o.scales {
-        if o.datapaths.contains(&"nftables") {
+        // `nft -f` alone takes minutes at 10k services: --quick loads the
+        // baseline at the smallest scale only.
+        let baseline = !o.quick || scale.services <= 1000;
+        if baseline && o.datapaths.contains(&"nftables") {
             println!(
                 "[{:>4.0} s] {}: baseline, kube-proxy-shaped ruleset with one nft -f (cap {} s)",
                 started.elapsed().as_secs_f64(),
@@ -268,6 +271,8 @@ fn scale_table(root: &Path, o: &Options) -> Result<()> {
                     source.as_str()
                 );
                 cells.push(scale::run_cell(scale, datapath, source, &settings));
+                // After every cell: a long run stopped halfway keeps its figures.
+                write_results(root, &cells, &o.scales, &baselines, &commit, o.quick)?;
             }
         }
     }
@@ -278,13 +283,27 @@ fn scale_table(root: &Path, o: &Options) -> Result<()> {
         "{met} figures met their goal, {missed} MISSED ({:.0} s, commit {commit})",
         started.elapsed().as_secs_f64()
     );
+    let path = write_results(root, &cells, &o.scales, &baselines, &commit, o.quick)?;
+    println!("results: {} (and results.md)", path.display());
+    Ok(())
+}
+
+/// `target/bench/results.json` and `results.md`; the JSON's path.
+fn write_results(
+    root: &Path,
+    cells: &[scale::CellResult],
+    scales: &[Scale],
+    baselines: &BTreeMap<String, Result<f64, String>>,
+    commit: &str,
+    quick: bool,
+) -> Result<PathBuf> {
     let out_dir = crate::paths::target_dir(root).join("bench");
     std::fs::create_dir_all(&out_dir).context("creating target/bench")?;
-    let json = report::json_report(&cells, &baselines, &commit, o.quick);
+    let json = report::json_report(cells, baselines, commit, quick);
     let path = out_dir.join("results.json");
     std::fs::write(&path, serde_json::to_string_pretty(&json)? + "\n")
         .with_context(|| format!("writing {}", path.display()))?;
-    std::fs::write(out_dir.join("results.md"), &table).context("writing results.md")?;
-    println!("results: {} (and results.md)", path.display());
-    Ok(())
+    let table = report::markdown(cells, scales, baselines);
+    std::fs::write(out_dir.join("results.md"), table).context("writing results.md")?;
+    Ok(path)
 }
