@@ -4,8 +4,9 @@
 //!   integration tests. Installs the rustup components it needs.
 //! * `cargo xtask demo`  — runs the daemon on the example manifests in
 //!   `deploy/examples` and prints the published state.
-//! * `cargo xtask bench` — benchmarks, printed as ratios against baselines
-//!   measured in the same run.
+//! * `cargo xtask bench [--quick] [--only localstate|nftables|datapath|scale]`
+//!   — benchmarks, printed as ratios against baselines measured in the same
+//!   run, and the scale table of the release daemon (`target/bench/results.json`).
 //! * `cargo xtask build-ebpf [--release]` — the eBPF object the daemon
 //!   embeds (installs the pinned nightly and bpf-linker when missing).
 //! * `cargo xtask soak --minutes N [--proxy-mode ebpf|nftables]
@@ -14,6 +15,7 @@
 //! * `cargo xtask fuzz [--seconds N] [--target NAME]` — the libFuzzer
 //!   targets of `fuzz/`, N seconds each (installs cargo-fuzz when missing).
 
+mod bench;
 mod e2e;
 mod ebpf;
 mod fuzz;
@@ -38,7 +40,7 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("test") => test(&root),
         Some("demo") => demo(&root),
-        Some("bench") => bench(&root, &args[1..]),
+        Some("bench") => bench::bench(&root, &args[1..]),
         Some("e2e") => e2e_command(&root, &args[1..]),
         Some("build-ebpf") => ebpf::build_ebpf(&root, &args[1..]),
         Some("soak") => soak(&root, &e2e::soak::parse_args(&args[1..])?),
@@ -363,34 +365,4 @@ fn demo(root: &Path) -> Result<()> {
     }
     println!("==> done");
     Ok(())
-}
-
-/// `cargo xtask bench [--only localstate|nftables|datapath]`.
-fn bench(root: &Path, args: &[String]) -> Result<()> {
-    let only = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str);
-    if only.is_none() || only == Some("localstate") {
-        run(cargo().args(["bench", "-p", "proxy-userspace", "--bench", "localstate"]))?;
-    }
-    if only == Some("localstate") {
-        return Ok(());
-    }
-    if !is_root() {
-        println!(
-            "datapath benchmarks skipped: they need root (network namespaces, eBPF, nftables)"
-        );
-        return Ok(());
-    }
-    if only.is_none() || only == Some("nftables") {
-        run(cargo().args(["bench", "-p", "proxy-userspace", "--bench", "nftsync"]))?;
-    }
-    if only == Some("nftables") {
-        return Ok(());
-    }
-    ebpf::build(root, true)?;
-    run(cargo().args(["build", "--bin", "ebpf-kube-proxy"]))?;
-    e2e::bench::connect_rate(root)
 }

@@ -7,8 +7,8 @@
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::model::{IpFamily, LocalState, TrafficPolicy};
@@ -49,6 +49,8 @@ pub struct Metrics {
     pub datapath_map_entries: IntGaugeVec,
     pub address_conflicts: IntGauge,
     pub localstate_revision: IntGauge,
+    pub localstate_timestamp: Gauge,
+    pub datapath_revision: IntGauge,
     pub localstate_services: IntGauge,
     pub localstate_endpoints: IntGauge,
     pub source_synced: IntGaugeVec,
@@ -270,6 +272,20 @@ impl Metrics {
                 alpha("Revision of the published LocalState; 0 until the sources have synced"),
             )?,
         )?;
+        let localstate_timestamp = register(
+            r,
+            Gauge::new(
+                "ebpf_kube_proxy_localstate_timestamp_seconds",
+                alpha("The time the published LocalState revision was computed (Unix seconds)"),
+            )?,
+        )?;
+        let datapath_revision = register(
+            r,
+            IntGauge::new(
+                "ebpf_kube_proxy_datapath_revision",
+                alpha("Revision of the LocalState the datapath last finished programming; 0 until the first apply"),
+            )?,
+        )?;
         let localstate_services = register(
             r,
             IntGauge::new(
@@ -343,6 +359,8 @@ impl Metrics {
             datapath_map_entries,
             address_conflicts,
             localstate_revision,
+            localstate_timestamp,
+            datapath_revision,
             localstate_services,
             localstate_endpoints,
             source_synced,

@@ -246,6 +246,9 @@ impl Status {
                 .localstate_revision
                 .set(i64::try_from(rev).unwrap_or(i64::MAX));
             self.metrics
+                .localstate_timestamp
+                .set(unix_seconds(SystemTime::now()));
+            self.metrics
                 .localstate_services
                 .set(gauge(state.services.len()));
             self.metrics
@@ -316,6 +319,9 @@ impl Status {
                 .with_label_values(&[f.as_str()])
                 .set(unix_seconds(now));
         }
+        self.metrics
+            .datapath_revision
+            .set(i64::try_from(rev).unwrap_or(i64::MAX));
         self.metrics
             .set_no_local_endpoints(state, &self.options.families);
         {

@@ -399,6 +399,14 @@ impl Bed {
         self.daemon.is_some()
     }
 
+    /// Whether the daemon started last is still running (not reaped).
+    pub fn daemon_alive(&mut self) -> Result<bool> {
+        match self.daemon.as_mut() {
+            None => Ok(false),
+            Some(d) => Ok(d.try_wait()?.is_none()),
+        }
+    }
+
     /// The daemon's process id (nsenter execs it, so the child's own id).
     pub fn daemon_pid(&self) -> Option<u32> {
         self.daemon.as_ref().map(Child::id)
@@ -406,6 +414,13 @@ impl Bed {
 
     /// Starts the daemon and waits until it has published a state.
     pub fn start_daemon(&mut self) -> Result<()> {
+        self.spawn_daemon()?;
+        self.wait_published()
+    }
+
+    /// Starts the daemon without waiting for it (the scale benchmark polls
+    /// its metrics instead).
+    pub fn spawn_daemon(&mut self) -> Result<()> {
         if !self.dir.join("manifests/scenario.yaml").exists() {
             self.apply_manifests("")?;
         }
@@ -468,6 +483,11 @@ impl Bed {
             .spawn()
             .context("starting the daemon")?;
         self.daemon = Some(child);
+        Ok(())
+    }
+
+    /// Waits until the daemon has published a state (its localnet answers).
+    fn wait_published(&mut self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let out = Command::new(&self.daemon_bin)

@@ -4,7 +4,7 @@
 //!
 //! Prints one line per scenario and ends with `N passed, N failed`.
 
-mod bed;
+pub mod bed;
 pub mod bench;
 pub mod demo;
 /// The fake API server of the integration tests, shared as one source file.

@@ -1,0 +1,309 @@
+//! `cargo xtask bench`: the micro-benchmarks of `proxy-userspace/benches`,
+//! the ClusterIP connect rate, and the scale table of issue 17 — the
+//! release daemon programming 1k … 50k services through each datapath and
+//! source, each figure against its goal and, where one makes sense, a
+//! baseline measured in the same run.
+//!
+//! ```text
+//! cargo xtask bench [--only localstate|nftables|datapath|scale] [--quick]
+//!                   [--scales 1k/10k,10k/100k,50k/250k] [--datapaths ebpf,nftables,none]
+//!                   [--sources file,kube] [--changes N] [--watchers N] [--idle-seconds N]
+//!                   [--daemon-bin PATH --fanout-bin PATH]
+//! ```
+//!
+//! `--daemon-bin` and `--fanout-bin` take prebuilt release binaries (the
+//! daemon and `proxy-userspace/examples/watch_fanout.rs`) instead of
+//! building them.
+
+mod daemon;
+mod manifests;
+mod nftbase;
+mod report;
+mod scale;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{cargo, ebpf, is_root, run};
+use manifests::Scale;
+use scale::{Settings, Source};
+
+const DATAPATHS: &[&str] = &["ebpf", "nftables", "none"];
+
+struct Options {
+    only: Option<String>,
+    quick: bool,
+    scales: Vec<Scale>,
+    datapaths: Vec<&'static str>,
+    sources: Vec<Source>,
+    changes: usize,
+    watchers: usize,
+    idle: Duration,
+    /// Prebuilt daemon and fan-out client: no build.
+    binaries: Option<(PathBuf, PathBuf)>,
+}
+
+fn parse_args(args: &[String]) -> Result<Options> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let mut o = Options {
+        only: None,
+        quick,
+        scales: if quick {
+            vec![
+                manifests::parse_scale("1k/10k")?,
+                manifests::parse_scale("10k/100k")?,
+            ]
+        } else {
+            ["1k/10k", "10k/100k", "50k/250k"]
+                .iter()
+                .map(|s| manifests::parse_scale(s))
+                .collect::<Result<_>>()?
+        },
+        datapaths: if quick {
+            vec!["ebpf", "nftables"]
+        } else {
+            DATAPATHS.to_vec()
+        },
+        sources: if quick {
+            vec![Source::File]
+        } else {
+            vec![Source::File, Source::Kube]
+        },
+        changes: if quick { 5 } else { 20 },
+        watchers: 100,
+        idle: Duration::from_secs(if quick { 3 } else { 10 }),
+        binaries: None,
+    };
+    let (mut daemon_bin, mut fanout_bin) = (None, None);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--quick" => {}
+            "--only" => o.only = Some(value()?.clone()),
+            "--scales" => {
+                o.scales = value()?
+                    .split(',')
+                    .map(manifests::parse_scale)
+                    .collect::<Result<_>>()?
+            }
+            "--datapaths" => {
+                o.datapaths = value()?
+                    .split(',')
+                    .map(|d| {
+                        DATAPATHS
+                            .iter()
+                            .find(|k| **k == d)
+                            .copied()
+                            .with_context(|| format!("unknown datapath {d:?}"))
+                    })
+                    .collect::<Result<_>>()?
+            }
+            "--sources" => {
+                o.sources = value()?
+                    .split(',')
+                    .map(|s| match s {
+                        "file" => Ok(Source::File),
+                        "kube" => Ok(Source::Kube),
+                        other => bail!("unknown source {other:?}"),
+                    })
+                    .collect::<Result<_>>()?
+            }
+            "--changes" => o.changes = value()?.parse().context("--changes")?,
+            "--watchers" => o.watchers = value()?.parse().context("--watchers")?,
+            "--idle-seconds" => {
+                o.idle = Duration::from_secs(value()?.parse().context("--idle-seconds")?)
+            }
+            "--daemon-bin" => daemon_bin = Some(PathBuf::from(value()?)),
+            "--fanout-bin" => fanout_bin = Some(PathBuf::from(value()?)),
+            other => bail!("cargo xtask bench: unknown argument {other}"),
+        }
+    }
+    o.binaries = match (daemon_bin, fanout_bin) {
+        (Some(d), Some(f)) => Some((d, f)),
+        (None, None) => None,
+        _ => bail!("--daemon-bin and --fanout-bin go together"),
+    };
+    Ok(o)
+}
+
+/// `cargo xtask bench ...` (see the module docs).
+pub fn bench(root: &Path, args: &[String]) -> Result<()> {
+    let o = parse_args(args)?;
+    let only = o.only.as_deref();
+    // `--quick` is the scale table's quick subset alone.
+    let all = only.is_none() && !o.quick;
+    if all || only == Some("localstate") {
+        run(cargo().args(["bench", "-p", "proxy-userspace", "--bench", "localstate"]))?;
+    }
+    if !is_root() {
+        println!(
+            "datapath and scale benchmarks skipped: they need root (network namespaces, eBPF, nftables)"
+        );
+        return Ok(());
+    }
+    if all || only == Some("nftables") {
+        run(cargo().args(["bench", "-p", "proxy-userspace", "--bench", "nftsync"]))?;
+    }
+    if all || only == Some("datapath") {
+        ebpf::build(root, true)?;
+        run(cargo().args(["build", "--bin", "ebpf-kube-proxy"]))?;
+        crate::e2e::bench::connect_rate(root)?;
+    }
+    if all || o.quick || only == Some("scale") {
+        scale_table(root, &o)?;
+    }
+    Ok(())
+}
+
+/// A directory removed on drop: the run's copies of the binaries and the
+/// baseline rulesets.
+struct RunDir(PathBuf);
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Builds the release daemon and the fan-out client and copies both out
+/// of the (possibly shared) target directory, so that another build cannot
+/// replace them during the run.
+fn build_binaries(root: &Path, dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    ebpf::build(root, true)?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "proxy-userspace",
+        "--bin",
+        "ebpf-kube-proxy",
+        "--example",
+        "watch_fanout",
+    ]))?;
+    let release = crate::paths::target_dir(root).join("release");
+    let daemon = dir.join("ebpf-kube-proxy");
+    let fanout = dir.join("watch_fanout");
+    std::fs::copy(release.join("ebpf-kube-proxy"), &daemon).context("copying the daemon")?;
+    std::fs::copy(release.join("examples/watch_fanout"), &fanout)
+        .context("copying the fan-out client")?;
+    Ok((daemon, fanout))
+}
+
+fn commit(root: &Path) -> String {
+    let out = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let head = out(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".to_owned());
+    let dirty =
+        out(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty {
+        format!("{head}+dirty")
+    } else {
+        head
+    }
+}
+
+fn scale_table(root: &Path, o: &Options) -> Result<()> {
+    let started = Instant::now();
+    let dir = RunDir(std::env::temp_dir().join(format!("ekp-bench-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).context("creating the run directory")?;
+    let (daemon_bin, fanout_bin) = match &o.binaries {
+        Some((d, f)) => {
+            let (daemon, fanout) = (dir.0.join("ebpf-kube-proxy"), dir.0.join("watch_fanout"));
+            std::fs::copy(d, &daemon).with_context(|| format!("copying {}", d.display()))?;
+            std::fs::copy(f, &fanout).with_context(|| format!("copying {}", f.display()))?;
+            (daemon, fanout)
+        }
+        None => build_binaries(root, &dir.0)?,
+    };
+    let commit = commit(root);
+    let settings = Settings {
+        change_samples: o.changes,
+        idle: o.idle,
+        watchers: o.watchers,
+        sync_timeout: Duration::from_secs(300),
+        daemon_bin,
+        fanout_bin,
+    };
+    println!(
+        "==> scale table at {commit}: {} scale(s) × {:?} × {:?}",
+        o.scales.len(),
+        o.datapaths,
+        o.sources.iter().map(|s| s.as_str()).collect::<Vec<_>>()
+    );
+    let mut cells = Vec::new();
+    let mut baselines = BTreeMap::new();
+    for &scale in &o.scales {
+        // `nft -f` alone takes minutes at 10k services: --quick loads the
+        // baseline at the smallest scale only.
+        let baseline = !o.quick || scale.services <= 1000;
+        if baseline && o.datapaths.contains(&"nftables") {
+            println!(
+                "[{:>4.0} s] {}: baseline, kube-proxy-shaped ruleset with one nft -f (cap {} s)",
+                started.elapsed().as_secs_f64(),
+                scale.label(),
+                nftbase::CAP.as_secs()
+            );
+            let b = nftbase::measure(scale, &dir.0).map_err(|e| format!("{e:#}"));
+            match &b {
+                Ok(s) => println!("      {s:.2} s"),
+                Err(e) => println!("      ERROR {e}"),
+            }
+            baselines.insert(scale.label(), b);
+        }
+        for &datapath in &o.datapaths {
+            for &source in &o.sources {
+                println!(
+                    "[{:>4.0} s] {} {datapath} {}",
+                    started.elapsed().as_secs_f64(),
+                    scale.label(),
+                    source.as_str()
+                );
+                cells.push(scale::run_cell(scale, datapath, source, &settings));
+                // After every cell: a long run stopped halfway keeps its figures.
+                write_results(root, &cells, &o.scales, &baselines, &commit, o.quick)?;
+            }
+        }
+    }
+    let table = report::markdown(&cells, &o.scales, &baselines);
+    let (met, missed) = report::verdicts(&cells);
+    println!("\n{table}");
+    println!(
+        "{met} figures met their goal, {missed} MISSED ({:.0} s, commit {commit})",
+        started.elapsed().as_secs_f64()
+    );
+    let path = write_results(root, &cells, &o.scales, &baselines, &commit, o.quick)?;
+    println!("results: {} (and results.md)", path.display());
+    Ok(())
+}
+
+/// `target/bench/results.json` and `results.md`; the JSON's path.
+fn write_results(
+    root: &Path,
+    cells: &[scale::CellResult],
+    scales: &[Scale],
+    baselines: &BTreeMap<String, Result<f64, String>>,
+    commit: &str,
+    quick: bool,
+) -> Result<PathBuf> {
+    let out_dir = crate::paths::target_dir(root).join("bench");
+    std::fs::create_dir_all(&out_dir).context("creating target/bench")?;
+    let json = report::json_report(cells, baselines, commit, quick);
+    let path = out_dir.join("results.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&json)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    let table = report::markdown(cells, scales, baselines);
+    std::fs::write(out_dir.join("results.md"), table).context("writing results.md")?;
+    Ok(path)
+}

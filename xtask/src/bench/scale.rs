@@ -1,0 +1,490 @@
+//! One cell of the scale table: the release daemon on a fresh mini node
+//! (network namespaces, a cgroup and a bpffs directory of its own, all
+//! removed when the cell ends, also on failure) with one datapath and one
+//! source, driven through the measurements of issue 17.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use super::daemon::{self, unix_now, Progress};
+use super::manifests::{self, Scale};
+use crate::e2e::bed::Bed;
+use crate::e2e::fake_apiserver::FakeApiServer;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    File,
+    Kube,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::File => "file",
+            Source::Kube => "kube",
+        }
+    }
+}
+
+/// How much of each measurement a run takes.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub change_samples: usize,
+    pub idle: Duration,
+    pub watchers: usize,
+    pub sync_timeout: Duration,
+    pub daemon_bin: PathBuf,
+    pub fanout_bin: PathBuf,
+}
+
+/// Milliseconds of each one-endpoint change, in the order made.
+#[derive(Clone, Debug, Default)]
+pub struct Changes {
+    pub source_to_state: Vec<f64>,
+    pub state_to_programmed: Vec<f64>,
+    pub end_to_end: Vec<f64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Restart {
+    pub requests: usize,
+    pub failed: usize,
+    pub reconcile_s: f64,
+}
+
+/// Each figure, or why it is missing (`Err`).
+#[derive(Debug)]
+pub struct CellResult {
+    pub scale: Scale,
+    pub datapath: &'static str,
+    pub source: Source,
+    pub full_sync_s: Result<f64, String>,
+    pub changes: Result<Changes, String>,
+    pub idle_cpu_pct: Result<f64, String>,
+    pub peak_rss_mib: Result<f64, String>,
+    pub fanout_ms: Result<f64, String>,
+    pub restart: Result<Restart, String>,
+}
+
+fn skipped<T>(why: &str) -> Result<T, String> {
+    Err(why.to_owned())
+}
+
+/// Where the one-endpoint changes are made.
+enum Driver {
+    File(PathBuf),
+    Kube {
+        api: FakeApiServer,
+        rt: Option<tokio::runtime::Runtime>,
+    },
+}
+
+impl Driver {
+    fn change(&self, pods: &[String], generation: usize) -> Result<()> {
+        match self {
+            Driver::File(dir) => manifests::write_driven(dir, pods, generation),
+            Driver::Kube { api, .. } => {
+                // [probe svc, probe slice, churn svc, churn slice]
+                let churn_slice = manifests::driven(pods, generation).swap_remove(3);
+                api.apply(churn_slice);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Driver::Kube { rt, .. } = self {
+            // Stopping the runtime ends the server's tasks.
+            if let Some(rt) = rt.take() {
+                rt.shutdown_timeout(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+fn prepare(bed: &mut Bed, scale: Scale, source: Source, pods: &[String]) -> Result<Driver> {
+    match source {
+        Source::File => {
+            let dir = bed.dir.join("manifests");
+            manifests::write_files(&dir, scale, pods)?;
+            Ok(Driver::File(dir))
+        }
+        Source::Kube => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()?;
+            // The daemon runs in the node namespace: the server listens there.
+            let api = bed.in_node_netns(|| rt.block_on(FakeApiServer::start()))?;
+            for o in manifests::objects(scale, pods) {
+                api.apply(o);
+            }
+            let kubeconfig = bed.dir.join("kubeconfig");
+            api.write_kubeconfig(&kubeconfig);
+            bed.kubeconfig = Some(kubeconfig);
+            Ok(Driver::Kube { api, rt: Some(rt) })
+        }
+    }
+}
+
+/// Runs one cell; a figure that cannot be measured is reported as an
+/// error in its place, and the cell goes on with the next where it can.
+pub fn run_cell(
+    scale: Scale,
+    datapath: &'static str,
+    source: Source,
+    settings: &Settings,
+) -> CellResult {
+    let mut result = CellResult {
+        scale,
+        datapath,
+        source,
+        full_sync_s: skipped("not reached"),
+        changes: skipped("not reached"),
+        idle_cpu_pct: skipped("not reached"),
+        peak_rss_mib: skipped("not reached"),
+        fanout_ms: skipped("not reached"),
+        restart: skipped("not reached"),
+    };
+    let mut bed = match Bed::new(datapath, settings.daemon_bin.clone()) {
+        Ok(b) => b,
+        Err(e) => {
+            result.full_sync_s = Err(format!("building the bed: {e:#}"));
+            return result;
+        }
+    };
+    let pods: Vec<String> = bed.pods.iter().map(|p| p.ipv4.clone()).collect();
+    let driver = match prepare(&mut bed, scale, source, &pods) {
+        Ok(d) => d,
+        Err(e) => {
+            result.full_sync_s = Err(format!("preparing the cluster: {e:#}"));
+            return result;
+        }
+    };
+    let total = scale.total_services() as u64;
+    result.full_sync_s = full_sync(&mut bed, total, settings).map_err(|e| format!("{e:#}"));
+    if result.full_sync_s.is_err() {
+        return result;
+    }
+    progress_line("programmed", &result.full_sync_s);
+    result.changes = changes(&mut bed, &driver, &pods, settings).map_err(|e| format!("{e:#}"));
+    if let Ok(c) = &result.changes {
+        println!(
+            "      {} changes: end to end p50 {:.1} ms, p99 {:.1} ms",
+            c.end_to_end.len(),
+            percentile(&c.end_to_end, 50.0),
+            percentile(&c.end_to_end, 99.0)
+        );
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    result.idle_cpu_pct = daemon::idle_cpu(&bed, settings.idle).map_err(|e| format!("{e:#}"));
+    result.peak_rss_mib = daemon::peak_rss_mib(&bed).map_err(|e| format!("{e:#}"));
+    let next_generation = settings.change_samples + 1;
+    result.fanout_ms = if settings.watchers == 0 {
+        skipped("skipped")
+    } else {
+        fanout(&mut bed, &driver, &pods, next_generation, settings).map_err(|e| format!("{e:#}"))
+    };
+    progress_line("fan-out (ms)", &result.fanout_ms);
+    result.restart = if datapath == "none" {
+        skipped("no datapath")
+    } else {
+        restart_under_load(&mut bed, total, settings).map_err(|e| format!("{e:#}"))
+    };
+    drop(bed);
+    drop(driver);
+    result
+}
+
+fn progress_line(what: &str, r: &Result<f64, String>) {
+    match r {
+        Ok(v) => println!("      {what}: {v:.3}"),
+        Err(e) => println!("      {what}: ERROR {}", e.lines().next().unwrap_or("")),
+    }
+}
+
+/// Seconds from spawning the daemon to the whole state programmed, by the
+/// daemon's own clock of the apply's end.
+fn full_sync(bed: &mut Bed, total: u64, settings: &Settings) -> Result<f64> {
+    let spawned = unix_now();
+    bed.spawn_daemon()?;
+    let first = daemon::wait_for(
+        bed,
+        settings.sync_timeout,
+        Duration::from_millis(20),
+        "first state programmed",
+        |p| p.programmed_rev >= 1 && p.programmed_rev >= p.state_rev,
+    )?;
+    if first.services == total {
+        return Ok(first.programmed_at - spawned);
+    }
+    // Never-partial: the first state should be whole; give a late object a
+    // moment, then report what is missing.
+    let p = daemon::wait_for(
+        bed,
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        &format!(
+            "all {total} services (the first state had {})",
+            first.services
+        ),
+        |p| p.programmed_rev >= p.state_rev && p.services == total,
+    )?;
+    Ok(p.programmed_at - spawned)
+}
+
+fn settled(p: &Progress, after: u64) -> bool {
+    p.state_rev > after && p.programmed_rev >= p.state_rev
+}
+
+fn changes(
+    bed: &mut Bed,
+    driver: &Driver,
+    pods: &[String],
+    settings: &Settings,
+) -> Result<Changes> {
+    let mut out = Changes::default();
+    for generation in 1..=settings.change_samples {
+        let before = daemon::progress(bed)?;
+        let written = unix_now();
+        driver.change(pods, generation)?;
+        let p = daemon::wait_for(
+            bed,
+            Duration::from_secs(60),
+            Duration::from_millis(5),
+            &format!("change {generation} programmed"),
+            |p| settled(p, before.state_rev),
+        )?;
+        out.source_to_state.push(1e3 * (p.state_at - written));
+        out.state_to_programmed
+            .push(1e3 * (p.programmed_at - p.state_at));
+        out.end_to_end.push(1e3 * (p.programmed_at - written));
+        // Let the source go quiet before the next one.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(out)
+}
+
+const FANOUT_TIMEOUT: Duration = Duration::from_secs(120);
+const FANOUT_RSS_CAP_MIB: f64 = 6144.0;
+
+/// Reads a child's stdout lines on a thread.
+fn line_reader(child: &mut Child) -> Result<mpsc::Receiver<String>> {
+    let stdout = child.stdout.take().context("no stdout")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(rx)
+}
+
+fn kill(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Milliseconds from one change to every one of the watchers holding it.
+fn fanout(
+    bed: &mut Bed,
+    driver: &Driver,
+    pods: &[String],
+    generation: usize,
+    settings: &Settings,
+) -> Result<f64> {
+    let mut helper = Command::new(&settings.fanout_bin)
+        .arg("--target")
+        .arg(format!("unix:{}", bed.localnet_socket.display()))
+        .args(["--clients", &settings.watchers.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", settings.fanout_bin.display()))?;
+    let result = (|| -> Result<f64> {
+        let lines = line_reader(&mut helper)?;
+        let ready = next_line(bed, &lines, "the watchers did not all get the first state")?;
+        let ready_rev: u64 = ready
+            .strip_prefix("ready ")
+            .and_then(|r| r.parse().ok())
+            .with_context(|| format!("unexpected line {ready:?}"))?;
+        let written = unix_now();
+        driver.change(pods, generation)?;
+        loop {
+            let line = next_line(bed, &lines, "the watchers did not all get the new revision")?;
+            let mut words = line.split_whitespace().skip(1);
+            let rev: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+            let at: f64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0.0);
+            if rev > ready_rev {
+                return Ok(1e3 * (at - written));
+            }
+        }
+    })();
+    kill(&mut helper);
+    if result.is_err() {
+        let mut err = String::new();
+        if let Some(mut e) = helper.stderr.take() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut err);
+        }
+        return result.with_context(|| format!("fan-out helper: {}", err.trim()));
+    }
+    result
+}
+
+/// The fan-out helper's next line, within [`FANOUT_TIMEOUT`]; gives up
+/// early when the daemon's RSS passes [`FANOUT_RSS_CAP_MIB`] (a copy of the
+/// state per watcher must not take the machine down).
+fn next_line(bed: &Bed, lines: &mpsc::Receiver<String>, what: &str) -> Result<String> {
+    let deadline = Instant::now() + FANOUT_TIMEOUT;
+    loop {
+        match lines.recv_timeout(Duration::from_millis(200)) {
+            Ok(line) => return Ok(line),
+            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("{what}: the helper exited"),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if Instant::now() > deadline {
+            bail!("{what} within {} s", FANOUT_TIMEOUT.as_secs());
+        }
+        let rss = daemon::rss_mib(bed)?;
+        if rss > FANOUT_RSS_CAP_MIB {
+            bail!("{what}: stopped at a daemon RSS of {rss:.0} MiB (cap {FANOUT_RSS_CAP_MIB} MiB)");
+        }
+    }
+}
+
+/// SIGKILL and restart while a client connects to the probe ClusterIP
+/// every 5 ms: the requests that failed and the seconds from the restart
+/// to the whole state programmed again.
+fn restart_under_load(bed: &mut Bed, total: u64, settings: &Settings) -> Result<Restart> {
+    let mut client = bed.spawn_client(
+        None,
+        &[
+            "--proto",
+            "tcp",
+            "--target",
+            &format!("{}:80", manifests::PROBE_IP),
+            "--duration-ms",
+            "900000",
+            "--interval-ms",
+            "5",
+            "--timeout-ms",
+            "500",
+        ],
+    )?;
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let rx = line_reader(&mut client)?;
+    let sink = lines.clone();
+    let collector = std::thread::spawn(move || {
+        for l in rx {
+            sink.lock().unwrap_or_else(|e| e.into_inner()).push(l);
+        }
+    });
+    let result = (|| -> Result<Restart> {
+        std::thread::sleep(Duration::from_secs(1));
+        let oks = |v: &[String]| v.iter().filter(|l| l.starts_with("ok ")).count();
+        if oks(&lines.lock().unwrap_or_else(|e| e.into_inner())) == 0 {
+            bail!("the probe ClusterIP answered nothing before the restart");
+        }
+        bed.kill_daemon();
+        let restarted = unix_now();
+        bed.spawn_daemon()?;
+        let p = daemon::wait_for(
+            bed,
+            settings.sync_timeout,
+            Duration::from_millis(20),
+            "reconciled after the restart",
+            |p| p.programmed_rev >= 1 && p.programmed_rev >= p.state_rev && p.services == total,
+        )?;
+        std::thread::sleep(Duration::from_secs(1));
+        Ok(Restart {
+            requests: 0,
+            failed: 0,
+            reconcile_s: p.programmed_at - restarted,
+        })
+    })();
+    kill(&mut client);
+    let _ = collector.join();
+    let mut r = result?;
+    let all = lines.lock().unwrap_or_else(|e| e.into_inner());
+    r.requests = all.len();
+    r.failed = all.iter().filter(|l| !l.starts_with("ok ")).count();
+    Ok(r)
+}
+
+/// The `q`th percentile (nearest rank) of `samples`.
+pub fn percentile(samples: &[f64], q: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((q / 100.0) * s.len() as f64).ceil() as usize;
+    s[rank.clamp(1, s.len()) - 1]
+}
+
+fn json_of<T>(r: &Result<T, String>, f: impl Fn(&T) -> Value) -> Value {
+    match r {
+        Ok(v) => f(v),
+        Err(e) => json!({ "error": e }),
+    }
+}
+
+fn summary(samples: &[f64]) -> Value {
+    json!({
+        "p50_ms": percentile(samples, 50.0),
+        "p99_ms": percentile(samples, 99.0),
+        "samples_ms": samples,
+    })
+}
+
+impl CellResult {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "scale": self.scale.label(),
+            "services": self.scale.services,
+            "endpoints": self.scale.endpoints,
+            "datapath": self.datapath,
+            "source": self.source.as_str(),
+            "full_sync_s": json_of(&self.full_sync_s, |v| json!(v)),
+            "change": json_of(&self.changes, |c| json!({
+                "source_to_state": summary(&c.source_to_state),
+                "state_to_programmed": summary(&c.state_to_programmed),
+                "end_to_end": summary(&c.end_to_end),
+            })),
+            "idle_cpu_percent": json_of(&self.idle_cpu_pct, |v| json!(v)),
+            "vmhwm_mib": json_of(&self.peak_rss_mib, |v| json!(v)),
+            "fanout_ms": json_of(&self.fanout_ms, |v| json!(v)),
+            "restart": json_of(&self.restart, |r| json!({
+                "requests": r.requests,
+                "failed": r.failed,
+                "reconcile_s": r.reconcile_s,
+            })),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let s: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(percentile(&s, 50.0), 10.0);
+        assert_eq!(percentile(&s, 99.0), 20.0);
+        assert_eq!(percentile(&[3.0], 99.0), 3.0);
+        assert!(percentile(&[], 50.0).is_nan());
+    }
+}
