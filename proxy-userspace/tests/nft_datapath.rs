@@ -232,8 +232,16 @@ fn the_kernel_holds_the_rules_we_wrote() {
                     .or_default()
                     .push(rule.text(f));
             }
+            // Group ids as the datapath assigns them: from 1, in order.
+            let mut ids: BTreeMap<String, u32> = BTreeMap::new();
+            let mut group_id = |chain: &str, n: u32| {
+                let next = ids.len() as u32 + 1;
+                rules::Group::around(*ids.entry(chain.to_owned()).or_insert(next), n)
+            };
             for se in &state.services {
-                for (chain, rs) in rules::service_objects(se, f, &cidrs, false).chains {
+                for (chain, rs) in
+                    rules::service_objects(se, f, &cidrs, false, &mut group_id).chains
+                {
                     expected.insert(chain, rs.iter().map(|r| r.text(f)).collect());
                 }
             }
@@ -322,7 +330,7 @@ fn an_incompatible_leftover_table_is_recreated() {
             .program(&state)
             .unwrap();
         let text = listing();
-        assert!(text.contains("dnat to 10.244.1.11:8080"), "{text}");
+        assert!(text.contains("10.244.1.11 . 8080"), "{text}");
         assert!(!text.contains("stale-chain"), "{text}");
         assert!(text.contains("type ipv4_addr . ipv4_addr"), "{text}");
         nft::cleanup().unwrap();

@@ -29,6 +29,7 @@ pub mod conntrack;
 pub mod drift;
 mod dump;
 pub mod expr;
+mod groups;
 pub mod nlsock;
 pub mod rules;
 
@@ -45,8 +46,9 @@ use crate::model::claims::{Claims, Frontend, FrontendIp};
 use crate::model::{LocalState, ObjectKey, Protocol, ServiceEndpoints};
 use crate::net::Cidr;
 use batch::{Batch, Element};
-use expr::{key_bytes, key_text, KeyPart, Verdict};
-use rules::{ElementKey, Family, ServiceObjects, TABLE};
+use expr::{key_bytes, key_text, KeyPart};
+use groups::Groups;
+use rules::{ElementKey, ElementValue, Family, ServiceObjects, TABLE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {
@@ -82,13 +84,17 @@ pub fn commit(f: Family, batch: Batch) -> Result<(), NftError> {
     Ok(())
 }
 
-fn element(key: &[KeyPart], verdict: Option<&Verdict>) -> Element {
+fn element(key: &[KeyPart], value: Option<&ElementValue>) -> Element {
     Element {
         key: key_bytes(key),
-        verdict: verdict.map(|v| {
+        verdict: value.and_then(ElementValue::verdict).map(|v| {
             let (code, chain) = v.code();
             (code, chain.map(str::to_owned))
         }),
+        data: match value {
+            Some(ElementValue::Data(parts)) => Some(key_bytes(parts)),
+            _ => None,
+        },
     }
 }
 
@@ -121,7 +127,7 @@ fn add_rules(batch: &mut Batch, f: Family, chain: &str, rules: &[expr::Rule]) {
 
 /// Elements grouped per map, for one message per map (and chunk).
 fn grouped<'a>(
-    items: impl IntoIterator<Item = (&'a ElementKey, Option<&'a Verdict>)>,
+    items: impl IntoIterator<Item = (&'a ElementKey, Option<&'a ElementValue>)>,
 ) -> BTreeMap<&'static str, (Vec<Element>, Vec<String>)> {
     let mut out: BTreeMap<&'static str, (Vec<Element>, Vec<String>)> = BTreeMap::new();
     for ((map, key), verdict) in items {
@@ -194,6 +200,10 @@ pub struct NftDatapath {
     hairpin_refs: HashMap<(Family, IpAddr), usize>,
     /// `--nodeport-addresses` (empty: every local address).
     nodeport_addresses: Vec<Cidr>,
+    /// Endpoint groups per family.
+    groups: HashMap<Family, Groups>,
+    /// Messages and bytes of the last transaction per family.
+    last_transaction: HashMap<Family, (usize, usize)>,
     /// Why this datapath runs (the requested mode, auto's fallback
     /// reason): kept in the table for `dump`.
     note: String,
@@ -221,6 +231,8 @@ impl NftDatapath {
             hairpin_refs: HashMap::new(),
             note: "proxy-mode nftables".to_owned(),
             nodeport_addresses: Vec::new(),
+            groups: HashMap::new(),
+            last_transaction: HashMap::new(),
         })
     }
 
@@ -235,6 +247,17 @@ impl NftDatapath {
     pub fn with_nodeport_addresses(mut self, cidrs: Vec<Cidr>) -> Self {
         self.nodeport_addresses = cidrs;
         self
+    }
+
+    /// Messages and bytes of the last transaction sent for family `f`.
+    pub fn last_transaction(&self, f: Family) -> Option<(usize, usize)> {
+        self.last_transaction.get(&f).copied()
+    }
+
+    /// Sends `b`, recording its size.
+    fn send(&mut self, f: Family, b: Batch) -> Result<(), NftError> {
+        self.last_transaction.insert(f, (b.len(), b.byte_len()));
+        commit(f, b)
     }
 
     /// Records why nftables runs; `dump` shows it from the table.
@@ -262,8 +285,20 @@ impl NftDatapath {
 
     /// The objects of `se` in family `f`, without the map elements of
     /// frontends another service owns.
-    fn owned_objects(&self, se: &ServiceEndpoints, f: Family, claims: &Claims) -> ServiceObjects {
-        let mut objs = rules::service_objects(se, f, &self.cluster_cidrs, self.masquerade_all);
+    fn owned_objects(
+        &mut self,
+        se: &ServiceEndpoints,
+        f: Family,
+        claims: &Claims,
+    ) -> ServiceObjects {
+        let ids = self.groups.entry(f).or_default();
+        let mut objs = rules::service_objects(
+            se,
+            f,
+            &self.cluster_cidrs,
+            self.masquerade_all,
+            &mut |chain, n| ids.get(chain, n),
+        );
         objs.elements.retain(|ek, _| {
             element_frontend(ek).is_none_or(|fr| claims.owns(&se.service.key, &fr))
         });
@@ -376,7 +411,11 @@ impl NftDatapath {
                 format!("element {} ({} addresses)", rules::HAIRPIN, hp.len()),
             );
         }
-        commit(f, b)?;
+        self.send(f, b)?;
+        self.groups
+            .entry(f)
+            .or_default()
+            .retain(|c| wanted_chains.contains(c));
         self.programmed.retain(|(_, fam), _| *fam != f);
         self.hairpin_refs.retain(|(fam, _), _| *fam != f);
         self.hairpin_refs.extend(hairpin);
@@ -398,8 +437,8 @@ impl NftDatapath {
         claims: &Claims,
     ) -> Result<(), NftError> {
         let fam = f.nfproto_u8();
-        let mut del_elems: Vec<(ElementKey, Verdict)> = Vec::new();
-        let mut add_elems: Vec<(ElementKey, Verdict)> = Vec::new();
+        let mut del_elems: Vec<(ElementKey, ElementValue)> = Vec::new();
+        let mut add_elems: Vec<(ElementKey, ElementValue)> = Vec::new();
         let (mut flushes, mut del_chains, mut del_sets) = (Vec::new(), Vec::new(), Vec::new());
         let (mut add_sets, mut add_chains) = (Vec::new(), Vec::new());
         let mut add_rule_sets: Vec<(String, Vec<expr::Rule>)> = Vec::new();
@@ -435,12 +474,15 @@ impl NftDatapath {
             for ip in &new.hairpin {
                 *hairpin_delta.entry(*ip).or_default() += 1;
             }
-            // Chains of a changed service are rewritten whole: a chain
-            // whose rules did not change may still point at a set that is
-            // re-created with a new timeout.
+            // A chain is rewritten whole when its rules changed, or when
+            // the service's affinity sets did (a chain whose rules did not
+            // change may still point at a set re-created with a new
+            // timeout). An endpoint change leaves the rules alone: it is
+            // elements only.
+            let sets_changed = old.sets != new.sets;
             for name in old.chains.keys() {
-                flushes.push(name.clone());
                 if !new.chains.contains_key(name) {
+                    flushes.push(name.clone());
                     del_chains.push(name.clone());
                 }
             }
@@ -455,8 +497,12 @@ impl NftDatapath {
                 }
             }
             for (name, chain_rules) in &new.chains {
-                if !old.chains.contains_key(name) {
-                    add_chains.push(name.clone());
+                match old.chains.get(name) {
+                    None => add_chains.push(name.clone()),
+                    Some(old_rules) if sets_changed || old_rules != chain_rules => {
+                        flushes.push(name.clone());
+                    }
+                    Some(_) => continue,
                 }
                 add_rule_sets.push((name.clone(), chain_rules.clone()));
             }
@@ -522,7 +568,13 @@ impl NftDatapath {
                 format!("add element {}", rules::HAIRPIN),
             );
         }
-        commit(f, b)?;
+        if b.is_empty() {
+            return Ok(());
+        }
+        self.send(f, b)?;
+        for name in &del_chains {
+            self.groups.entry(f).or_default().release(name);
+        }
         for (k, n) in counts {
             if n == 0 {
                 self.hairpin_refs.remove(&k);

@@ -1,287 +1,7 @@
-//! Pure builders: a [`ServiceEndpoints`] in, the nftables objects it needs
-//! out (chains with their [`Rule`]s, affinity sets, verdict-map elements,
-//! hairpin addresses). No I/O here.
-//!
-//! Layout per family (`ip`/`ip6`), table [`TABLE`], shaped like
-//! kube-proxy's nftables mode:
-//!
-//! * base chains `nat-prerouting`/`nat-output` jump to `services`, which
-//!   dispatches `daddr . l4proto . dport` through the `service-ips` verdict
-//!   map, and `l4proto . dport` to local addresses through
-//!   `service-nodeports`;
-//! * `filter-*` chains look new connections up in `no-endpoint-services` /
-//!   `no-endpoint-nodeports` and reject them (TCP reset, else ICMP port
-//!   unreachable) before any NAT happens;
-//! * per service port a cluster chain `svc-…` (traffic to cluster IPs,
-//!   the `internal` scope) and an external chain `ext-…` (node ports,
-//!   external and load-balancer IPs, the `external` scope) pick an
-//!   endpoint and DNAT to it in one rule per endpoint: rule *i* of *N*
-//!   matches `numgen random mod (N - i) 0`, which gives every endpoint
-//!   1/N; ClientIP affinity rules come first;
-//! * `nat-postrouting` masquerades hairpin connections (a pod sent to
-//!   itself: `saddr . daddr` in the `hairpin` set) and what was marked
-//!   with [`MASQ_MARK`].
-//!
-//! No per-endpoint chains and no anonymous sets: the kernel looks named
-//! sets up by a list walk and binds anonymous ones by walking the whole
-//! transaction, so both grow quadratically with the table; chains and
-//! rules do not.
+//! One service's objects: its chains, affinity sets, map elements and
+//! hairpin addresses, from its [`ServiceEndpoints`].
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
-
-pub use super::batch::Family;
-use super::batch::{SetSpec, NFT_SET_EVAL, NFT_SET_MAP, NFT_SET_TIMEOUT};
-use super::expr::{Field, KeyPart, Match, Rule, Stmt, Verdict};
-use crate::model::{
-    EndpointScopes, LocalEndpoint, LocalService, Protocol, ServiceEndpoints, TrafficPolicy,
-};
-use crate::net::Cidr;
-
-/// The table the proxy owns, one per family.
-pub const TABLE: &str = "ebpf-kube-proxy";
-/// The packet mark that asks `nat-postrouting` to masquerade (kube-proxy's).
-pub const MASQ_MARK: u32 = 0x4000;
-
-pub const SERVICE_IPS: &str = "service-ips";
-pub const SERVICE_NODEPORTS: &str = "service-nodeports";
-pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
-pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
-pub const HAIRPIN: &str = "hairpin";
-/// The maps and sets every table has.
-pub const BASE_SETS: [&str; 5] = [
-    SERVICE_IPS,
-    SERVICE_NODEPORTS,
-    NO_ENDPOINT_SERVICES,
-    NO_ENDPOINT_NODEPORTS,
-    HAIRPIN,
-];
-/// A rule-less chain whose comment says which mode runs and why
-/// (`dump` shows it).
-pub const INFO_CHAIN: &str = "datapath-info";
-const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
-const REJECT_CHAIN: &str = "reject-chain";
-
-// nft's datatype numbers, for set key types (concatenations shift each
-// part in by 6 bits, as nft does).
-const TYPE_INET_PROTO: u32 = 12;
-const TYPE_INET_SERVICE: u32 = 13;
-
-fn concat_type(parts: &[u32]) -> u32 {
-    parts.iter().fold(0, |acc, t| (acc << 6) | t)
-}
-
-/// A map element's identity: the map and its key.
-pub type ElementKey = (&'static str, Vec<KeyPart>);
-
-/// Everything one service owns in one family's table.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ServiceObjects {
-    /// Chain name → its rules.
-    pub chains: BTreeMap<String, Vec<Rule>>,
-    /// Affinity set name → timeout in seconds.
-    pub sets: BTreeMap<String, u32>,
-    /// (map, key) → verdict.
-    pub elements: BTreeMap<ElementKey, Verdict>,
-    /// Endpoint addresses this service DNATs to: `addr . addr` goes in the
-    /// `hairpin` set while some service uses the address.
-    pub hairpin: BTreeSet<IpAddr>,
-}
-
-pub fn l4(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Tcp => "tcp",
-        Protocol::Udp => "udp",
-        Protocol::Sctp => "sctp",
-    }
-}
-
-fn jump(target: &str) -> Stmt {
-    Stmt::Verdict(Verdict::Jump(target.to_owned()))
-}
-
-fn goto(target: &str) -> Stmt {
-    Stmt::Verdict(Verdict::Goto(target.to_owned()))
-}
-
-fn addr_match(field: Field, negate: bool, net: Cidr) -> Match {
-    Match::Addr { field, negate, net }
-}
-
-fn host(ip: IpAddr) -> Cidr {
-    Cidr {
-        addr: ip,
-        prefix_len: if ip.is_ipv4() { 32 } else { 128 },
-    }
-}
-
-fn not_loopback(f: Family) -> Match {
-    let net = match f {
-        Family::V4 => Cidr {
-            addr: IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 0)),
-            prefix_len: 8,
-        },
-        Family::V6 => host(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)),
-    };
-    addr_match(Field::Daddr, true, net)
-}
-
-/// The sets and maps of a family's table.
-pub fn base_sets(f: Family) -> Vec<SetSpec> {
-    let ip_key = concat_type(&[f.addr_type(), TYPE_INET_PROTO, TYPE_INET_SERVICE]);
-    let port_key = concat_type(&[TYPE_INET_PROTO, TYPE_INET_SERVICE]);
-    let map = |name: &str, key_type: u32, key_len: u32| SetSpec {
-        name: name.to_owned(),
-        flags: NFT_SET_MAP,
-        key_type,
-        key_len,
-        timeout_ms: 0,
-    };
-    vec![
-        map(SERVICE_IPS, ip_key, f.addr_len() + 8),
-        map(SERVICE_NODEPORTS, port_key, 8),
-        map(NO_ENDPOINT_SERVICES, ip_key, f.addr_len() + 8),
-        map(NO_ENDPOINT_NODEPORTS, port_key, 8),
-        SetSpec {
-            name: HAIRPIN.to_owned(),
-            flags: 0,
-            key_type: concat_type(&[f.addr_type(), f.addr_type()]),
-            key_len: 2 * f.addr_len(),
-            timeout_ms: 0,
-        },
-    ]
-}
-
-/// An affinity set: source addresses with a timeout, updated by rules.
-pub fn affinity_set(f: Family, name: &str, timeout_secs: u32) -> SetSpec {
-    SetSpec {
-        name: name.to_owned(),
-        flags: NFT_SET_TIMEOUT | NFT_SET_EVAL,
-        key_type: f.addr_type(),
-        key_len: f.addr_len(),
-        timeout_ms: u64::from(timeout_secs) * 1000,
-    }
-}
-
-/// A base chain: (name, type, hook number, priority).
-pub type BaseChain = (&'static str, &'static str, u32, i32);
-
-/// The hooked chains (netfilter hook numbers: prerouting 0, input 1,
-/// forward 2, output 3, postrouting 4).
-pub const BASE_CHAINS: [BaseChain; 6] = [
-    // dstnat priority, as kube-proxy.
-    ("nat-prerouting", "nat", 0, -100),
-    ("nat-output", "nat", 3, -100),
-    ("nat-postrouting", "nat", 4, 100),
-    // Before the usual filter chains (priority 0), so a connection to a
-    // service without endpoints is refused whatever else is there.
-    ("filter-input", "filter", 1, -110),
-    ("filter-forward", "filter", 2, -110),
-    ("filter-output", "filter", 3, -110),
-];
-
-/// The regular chains every table has.
-pub const HELPER_CHAINS: [&str; 5] = [
-    "services",
-    "endpoints-check",
-    "masquerading",
-    MARK_FOR_MASQUERADE,
-    REJECT_CHAIN,
-];
-
-/// The rules of the base and helper chains. Node ports answer on every
-/// local address but loopback, or, with `nodeport_addresses`
-/// (`--nodeport-addresses`), on the local addresses inside those CIDRs
-/// (none of this family: no node ports in it).
-pub fn base_rules(f: Family, nodeport_addresses: &[Cidr]) -> Vec<(&'static str, Rule)> {
-    let r = Rule::new;
-    let mut rules = vec![
-        ("nat-prerouting", r(vec![], vec![jump("services")])),
-        ("nat-output", r(vec![], vec![jump("services")])),
-        ("nat-postrouting", r(vec![], vec![jump("masquerading")])),
-    ];
-    for chain in ["filter-input", "filter-forward", "filter-output"] {
-        rules.push((
-            chain,
-            r(vec![Match::CtStateNew], vec![jump("endpoints-check")]),
-        ));
-    }
-    // The local destinations node ports answer on.
-    let mut node_dests: Vec<Vec<Match>> = Vec::new();
-    if nodeport_addresses.is_empty() {
-        node_dests.push(vec![Match::FibLocal(Field::Daddr), not_loopback(f)]);
-    }
-    for c in nodeport_addresses
-        .iter()
-        .filter(|c| Family::of(&c.addr) == f)
-    {
-        node_dests.push(vec![
-            Match::FibLocal(Field::Daddr),
-            not_loopback(f),
-            addr_match(Field::Daddr, false, *c),
-        ]);
-    }
-    rules.push((
-        "services",
-        r(vec![], vec![Stmt::ServiceVmap(SERVICE_IPS.to_owned())]),
-    ));
-    for m in &node_dests {
-        rules.push((
-            "services",
-            r(
-                m.clone(),
-                vec![Stmt::NodePortVmap(SERVICE_NODEPORTS.to_owned())],
-            ),
-        ));
-    }
-    rules.push((
-        "endpoints-check",
-        r(
-            vec![],
-            vec![Stmt::ServiceVmap(NO_ENDPOINT_SERVICES.to_owned())],
-        ),
-    ));
-    for m in node_dests {
-        rules.push((
-            "endpoints-check",
-            r(
-                m,
-                vec![Stmt::NodePortVmap(NO_ENDPOINT_NODEPORTS.to_owned())],
-            ),
-        ));
-    }
-    rules.extend([
-        // A pod that reached itself through a service: its replies would
-        // skip the reverse NAT without the node's address as source.
-        (
-            "masquerading",
-            r(
-                vec![Match::CtStatusDnat, Match::SaddrDaddrIn(HAIRPIN.to_owned())],
-                vec![Stmt::Masquerade],
-            ),
-        ),
-        (
-            "masquerading",
-            r(
-                vec![Match::MarkClear(MASQ_MARK)],
-                vec![Stmt::Verdict(Verdict::Return)],
-            ),
-        ),
-        // Clear the mark so a packet that leaves and comes back (through
-        // another hop) is not masqueraded twice.
-        (
-            "masquerading",
-            r(vec![], vec![Stmt::MarkFlip(MASQ_MARK), Stmt::Masquerade]),
-        ),
-        (
-            MARK_FOR_MASQUERADE,
-            r(vec![], vec![Stmt::MarkSet(MASQ_MARK)]),
-        ),
-        (REJECT_CHAIN, r(vec![], vec![Stmt::RejectTcpReset])),
-        (REJECT_CHAIN, r(vec![], vec![Stmt::Reject])),
-    ]);
-    rules
-}
+use super::*;
 
 /// `<namespace>/<name>/<protocol>/<port name or number>`: names a service
 /// port in chain and set names, so `nft list table` reads like the service.
@@ -322,11 +42,15 @@ struct Target<'a> {
 /// What one service needs in family `f`.
 /// Traffic to a ClusterIP from outside `cluster_cidrs` is masqueraded;
 /// with `masquerade_all` (kube-proxy's `--masquerade-all`) all of it is.
+/// `group` gives the endpoint group of a chain with that many endpoints
+/// (the caller keeps a group's id and range while its count stays inside,
+/// so the chain keeps its rules).
 pub fn service_objects(
     se: &ServiceEndpoints,
     f: Family,
     cluster_cidrs: &[Cidr],
     masquerade_all: bool,
+    group: &mut dyn FnMut(&str, u32) -> Group,
 ) -> ServiceObjects {
     let ServiceEndpoints {
         service: svc,
@@ -383,21 +107,51 @@ pub fn service_objects(
         let external: Vec<&Target<'_>> = targets.iter().filter(|t| t.scopes.external).collect();
         let exposed = !external_ips.is_empty() || pm.node_port != 0;
 
-        // The endpoint choice: affinity first, then a random pick, one
-        // rule per endpoint.
-        let pick = |chosen: &[&Target<'_>], out: &mut ServiceObjects| -> Vec<Rule> {
+        // The endpoint choice: with affinity, its rules first, then a
+        // random pick, one rule per endpoint; without, the chain's
+        // endpoint group.
+        let pick = |chain: &str,
+                    chosen: &[&Target<'_>],
+                    out: &mut ServiceObjects,
+                    group: &mut dyn FnMut(&str, u32) -> Group|
+         -> Vec<Rule> {
             let mut rules = Vec::new();
-            let affinity = svc.session_affinity_timeout;
-            let dnat = |t: &Target<'_>| Stmt::Dnat(t.ep.ip, t.port);
-            if let Some(timeout) = affinity {
-                for t in chosen {
-                    let set = aff_set(t);
-                    out.sets.insert(set.clone(), timeout);
+            let Some(timeout) = svc.session_affinity_timeout else {
+                let n = chosen.len() as u32;
+                let g = group(chain, n);
+                let id = g.id;
+                out.elements.insert(
+                    (GROUP_SIZES, vec![KeyPart::Id(id), KeyPart::Id(n)]),
+                    ElementValue::Member,
+                );
+                for (slot, t) in (0..n).zip(chosen) {
+                    out.elements.insert(
+                        (ENDPOINTS, vec![KeyPart::Id(id), KeyPart::Slot(slot)]),
+                        ElementValue::Data(vec![KeyPart::Addr(t.ep.ip), KeyPart::Port(t.port)]),
+                    );
+                    out.hairpin.insert(t.ep.ip);
+                }
+                for slots in g.min..=g.max {
                     rules.push(Rule::new(
-                        vec![Match::SaddrIn(set.clone()), Match::L4Proto(proto)],
-                        vec![Stmt::UpdateSaddr(set), dnat(t)],
+                        vec![Match::L4Proto(proto)],
+                        vec![Stmt::DnatGroup {
+                            id,
+                            slots,
+                            sizes: GROUP_SIZES.to_owned(),
+                            endpoints: ENDPOINTS.to_owned(),
+                        }],
                     ));
                 }
+                return rules;
+            };
+            let dnat = |t: &Target<'_>| Stmt::Dnat(t.ep.ip, t.port);
+            for t in chosen {
+                let set = aff_set(t);
+                out.sets.insert(set.clone(), timeout);
+                rules.push(Rule::new(
+                    vec![Match::SaddrIn(set.clone()), Match::L4Proto(proto)],
+                    vec![Stmt::UpdateSaddr(set), dnat(t)],
+                ));
             }
             let n = chosen.len();
             for (i, t) in chosen.iter().enumerate() {
@@ -406,11 +160,7 @@ pub fn service_objects(
                     matches.push(Match::OneIn((n - i) as u32));
                 }
                 matches.push(Match::L4Proto(proto));
-                let mut stmts = Vec::new();
-                if affinity.is_some() {
-                    stmts.push(Stmt::UpdateSaddr(aff_set(t)));
-                }
-                stmts.push(dnat(t));
+                let stmts = vec![Stmt::UpdateSaddr(aff_set(t)), dnat(t)];
                 rules.push(Rule::new(matches, stmts));
                 out.hairpin.insert(t.ep.ip);
             }
@@ -429,7 +179,7 @@ pub fn service_objects(
             for ip in &cluster_ips {
                 out.elements.insert(
                     (NO_ENDPOINT_SERVICES, key_of(ip)),
-                    Verdict::Goto(REJECT_CHAIN.to_owned()),
+                    ElementValue::Verdict(Verdict::Goto(REJECT_CHAIN.to_owned())),
                 );
             }
         } else if !cluster_ips.is_empty() {
@@ -445,11 +195,13 @@ pub fn service_objects(
                     vec![jump(MARK_FOR_MASQUERADE)],
                 ));
             }
-            rules.extend(pick(&internal, &mut out));
+            rules.extend(pick(&svc_chain, &internal, &mut out, group));
             out.chains.insert(svc_chain.clone(), rules);
             for ip in &cluster_ips {
-                out.elements
-                    .insert((SERVICE_IPS, key_of(ip)), Verdict::Goto(svc_chain.clone()));
+                out.elements.insert(
+                    (SERVICE_IPS, key_of(ip)),
+                    ElementValue::Verdict(Verdict::Goto(svc_chain.clone())),
+                );
             }
         }
 
@@ -468,12 +220,16 @@ pub fn service_objects(
                 Verdict::Goto(REJECT_CHAIN.to_owned())
             };
             for ip in &external_ips {
-                out.elements
-                    .insert((NO_ENDPOINT_SERVICES, key_of(ip)), verdict.clone());
+                out.elements.insert(
+                    (NO_ENDPOINT_SERVICES, key_of(ip)),
+                    ElementValue::Verdict(verdict.clone()),
+                );
             }
             if pm.node_port != 0 {
-                out.elements
-                    .insert((NO_ENDPOINT_NODEPORTS, node_port_key), verdict);
+                out.elements.insert(
+                    (NO_ENDPOINT_NODEPORTS, node_port_key),
+                    ElementValue::Verdict(verdict),
+                );
             }
             continue;
         }
@@ -520,22 +276,26 @@ pub fn service_objects(
                 vec![goto(&svc_chain)],
             ));
         }
-        rules.extend(pick(&external, &mut out));
+        rules.extend(pick(&ext_chain, &external, &mut out, group));
         out.chains.insert(ext_chain.clone(), rules);
         for ip in &external_ips {
-            out.elements
-                .insert((SERVICE_IPS, key_of(ip)), Verdict::Goto(ext_chain.clone()));
+            out.elements.insert(
+                (SERVICE_IPS, key_of(ip)),
+                ElementValue::Verdict(Verdict::Goto(ext_chain.clone())),
+            );
         }
         if pm.node_port != 0 {
-            out.elements
-                .insert((SERVICE_NODEPORTS, node_port_key), Verdict::Goto(ext_chain));
+            out.elements.insert(
+                (SERVICE_NODEPORTS, node_port_key),
+                ElementValue::Verdict(Verdict::Goto(ext_chain)),
+            );
         }
     }
     out
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(in crate::datapath::nft) mod tests {
     use super::*;
     use crate::model::IpSet;
 
@@ -563,6 +323,25 @@ pub(super) mod tests {
         se
     }
 
+    /// [`service_objects`] with group ids numbered from 1 in the order
+    /// chains ask.
+    fn objects(
+        se: &ServiceEndpoints,
+        f: Family,
+        cluster_cidrs: &[Cidr],
+        masquerade_all: bool,
+    ) -> ServiceObjects {
+        let mut ids: BTreeMap<String, u32> = BTreeMap::new();
+        service_objects(se, f, cluster_cidrs, masquerade_all, &mut |chain, n| {
+            let next = ids.len() as u32 + 1;
+            Group::around(*ids.entry(chain.to_owned()).or_insert(next), n)
+        })
+    }
+
+    fn goto(chain: &str) -> ElementValue {
+        ElementValue::Verdict(Verdict::Goto(chain.into()))
+    }
+
     fn chain_text(objs: &ServiceObjects, chain: &str) -> Vec<String> {
         objs.chains[chain]
             .iter()
@@ -578,8 +357,40 @@ pub(super) mod tests {
         ]
     }
 
+    /// The endpoints of group `id` by slot, as `addr:port`.
+    fn group(objs: &ServiceObjects, id: u32) -> Vec<String> {
+        let sizes: Vec<u32> = objs
+            .elements
+            .keys()
+            .filter_map(|(map, key)| match (map, &key[..]) {
+                (&GROUP_SIZES, [KeyPart::Id(g), KeyPart::Id(n)]) if *g == id => Some(*n),
+                _ => None,
+            })
+            .collect();
+        let [n] = sizes[..] else {
+            panic!("group {id}: sizes {sizes:?}")
+        };
+        (0..n)
+            .map(|slot| {
+                let key = (ENDPOINTS, vec![KeyPart::Id(id), KeyPart::Slot(slot)]);
+                match &objs.elements[&key] {
+                    ElementValue::Data(v) => match v[..] {
+                        [KeyPart::Addr(ip), KeyPart::Port(p)] => format!("{ip}:{p}"),
+                        _ => panic!("{v:?}"),
+                    },
+                    other => panic!("{other:?}"),
+                }
+            })
+            .collect()
+    }
+
+    /// The rule of group `id` for `k` endpoints.
+    fn pick(id: u32, k: u32) -> String {
+        format!("meta l4proto tcp {id:#x} [invalid type] . {k:#x} [invalid type] @group-sizes dnat ip to {id:#x} [invalid type] . numgen random mod {k} map @endpoints")
+    }
+
     #[test]
-    fn cluster_ip_picks_each_endpoint_with_equal_chance() {
+    fn cluster_ip_picks_from_the_chains_endpoint_group() {
         let se = web(
             vec![
                 endpoint("10.244.1.11", true),
@@ -588,24 +399,55 @@ pub(super) mod tests {
             ],
             None,
         );
-        let objs = service_objects(&se, Family::V4, &[], false);
+        let objs = objects(&se, Family::V4, &[], false);
         assert_eq!(
             objs.elements[&(SERVICE_IPS, key("10.96.0.10", 80))],
-            Verdict::Goto("svc-default/web/tcp/http".into())
+            goto("svc-default/web/tcp/http")
         );
-        // 1/3, then 1/2 of the rest, then the rest: 1/3 each.
+        // One rule per count from 1 to 3 + 2; the one for 3 matches and
+        // draws one of 3 slots, 1/3 each.
         assert_eq!(
             chain_text(&objs, "svc-default/web/tcp/http"),
-            [
-                "numgen random mod 3 0 meta l4proto tcp dnat to 10.244.1.11:8080",
-                "numgen random mod 2 0 meta l4proto tcp dnat to 10.244.1.12:8080",
-                "meta l4proto tcp dnat to 10.244.1.13:8080",
-            ]
+            (1..=5).map(|k| pick(1, k)).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            group(&objs, 1),
+            ["10.244.1.11:8080", "10.244.1.12:8080", "10.244.1.13:8080"]
         );
         assert_eq!(objs.hairpin.len(), 3);
-        assert!(service_objects(&se, Family::V6, &[], false)
-            .elements
-            .is_empty());
+        assert!(objects(&se, Family::V6, &[], false).elements.is_empty());
+    }
+
+    #[test]
+    fn an_endpoint_change_changes_elements_not_rules() {
+        let three = web(
+            vec![
+                endpoint("10.244.1.11", true),
+                endpoint("10.244.1.12", true),
+                endpoint("10.244.1.13", true),
+            ],
+            None,
+        );
+        let mut two = three.clone();
+        two.endpoints.remove(1);
+        let (before, after) = (
+            objects(&three, Family::V4, &[], false),
+            objects(&two, Family::V4, &[], false),
+        );
+        // The datapath keeps the group's range while the count is in it.
+        let mut kept_range = |_: &str, n: u32| {
+            let g = Group::around(1, 3);
+            if g.covers(n) {
+                g
+            } else {
+                Group::around(1, n)
+            }
+        };
+        let kept = service_objects(&two, Family::V4, &[], false, &mut kept_range);
+        assert_eq!(before.chains, kept.chains);
+        assert_eq!(group(&kept, 1), ["10.244.1.11:8080", "10.244.1.13:8080"]);
+        // Without the range kept, the rules would differ.
+        assert_ne!(before.chains, after.chains);
     }
 
     #[test]
@@ -617,21 +459,18 @@ pub(super) mod tests {
             ],
             None,
         );
-        let objs = service_objects(&se, Family::V4, &[], false);
-        assert_eq!(
-            chain_text(&objs, "svc-default/web/tcp/http"),
-            ["meta l4proto tcp dnat to 10.244.1.11:8080"]
-        );
+        let objs = objects(&se, Family::V4, &[], false);
+        assert_eq!(group(&objs, 1), ["10.244.1.11:8080"]);
         assert!(!objs.hairpin.contains(&"10.244.2.12".parse().unwrap()));
     }
 
     #[test]
     fn service_without_endpoints_is_rejected_not_dispatched() {
-        let objs = service_objects(&web(vec![], None), Family::V4, &[], false);
+        let objs = objects(&web(vec![], None), Family::V4, &[], false);
         assert!(objs.chains.is_empty());
         assert_eq!(
             objs.elements[&(NO_ENDPOINT_SERVICES, key("10.96.0.10", 80))],
-            Verdict::Goto("reject-chain".into())
+            goto("reject-chain")
         );
     }
 
@@ -641,7 +480,7 @@ pub(super) mod tests {
             vec![endpoint("10.244.1.11", true), endpoint("10.244.1.12", true)],
             Some(10800),
         );
-        let objs = service_objects(&se, Family::V4, &[], false);
+        let objs = objects(&se, Family::V4, &[], false);
         let set = "aff-default/web/tcp/http/10.244.1.11/8080";
         assert_eq!(objs.sets[set], 10800);
         let rules = chain_text(&objs, "svc-default/web/tcp/http");
@@ -660,7 +499,7 @@ pub(super) mod tests {
     fn traffic_from_outside_the_cluster_cidr_is_marked_for_masquerade() {
         let se = web(vec![endpoint("10.244.1.11", true)], None);
         let cidr: Cidr = "10.244.0.0/16".parse().unwrap();
-        let objs = service_objects(&se, Family::V4, &[cidr], false);
+        let objs = objects(&se, Family::V4, &[cidr], false);
         assert_eq!(
             chain_text(&objs, "svc-default/web/tcp/http")[0],
             "ip saddr != 10.244.0.0/16 jump mark-for-masquerade"
@@ -671,7 +510,7 @@ pub(super) mod tests {
     fn masquerade_all_marks_every_connection_whatever_the_cluster_cidr() {
         let se = web(vec![endpoint("10.244.1.11", true)], None);
         let cidr: Cidr = "10.244.0.0/16".parse().unwrap();
-        let objs = service_objects(&se, Family::V4, &[cidr], true);
+        let objs = objects(&se, Family::V4, &[cidr], true);
         let chain = chain_text(&objs, "svc-default/web/tcp/http");
         assert_eq!(chain[0], "jump mark-for-masquerade");
         assert!(!chain.iter().any(|r| r.contains("saddr")), "{chain:?}");
@@ -681,21 +520,19 @@ pub(super) mod tests {
     fn node_port_goes_through_the_external_chain() {
         let mut se = web(vec![endpoint("10.244.1.11", true)], None);
         se.service.ports[0].node_port = 30080;
-        let objs = service_objects(&se, Family::V4, &[], false);
+        let objs = objects(&se, Family::V4, &[], false);
         assert_eq!(
             objs.elements[&(
                 SERVICE_NODEPORTS,
                 vec![KeyPart::Proto(6), KeyPart::Port(30080)]
             )],
-            Verdict::Goto("ext-default/web/tcp/http".into())
+            goto("ext-default/web/tcp/http")
         );
-        assert_eq!(
-            chain_text(&objs, "ext-default/web/tcp/http"),
-            [
-                "jump mark-for-masquerade",
-                "meta l4proto tcp dnat to 10.244.1.11:8080"
-            ]
-        );
+        // The cluster chain's group is 1, the external chain's 2.
+        let mut want = vec!["jump mark-for-masquerade".to_owned()];
+        want.extend((1..=3).map(|k| pick(2, k)));
+        assert_eq!(chain_text(&objs, "ext-default/web/tcp/http"), want);
+        assert_eq!(group(&objs, 2), ["10.244.1.11:8080"]);
     }
 
     #[test]
@@ -704,7 +541,7 @@ pub(super) mod tests {
         se.service.load_balancer_ips = IpSet::from_ips(&["192.0.2.10".parse().unwrap()]);
         se.service.external_ips = IpSet::from_ips(&["192.0.2.20".parse().unwrap()]);
         se.service.load_balancer_source_ranges = vec!["198.51.100.0/24".into()];
-        let objs = service_objects(&se, Family::V4, &[], false);
+        let objs = objects(&se, Family::V4, &[], false);
         assert_eq!(
             chain_text(&objs, "fw-default/web/tcp/http"),
             ["ip saddr 198.51.100.0/24 return", "drop"]
@@ -716,7 +553,7 @@ pub(super) mod tests {
         for ip in ["192.0.2.10", "192.0.2.20"] {
             assert_eq!(
                 objs.elements[&(SERVICE_IPS, key(ip, 80))],
-                Verdict::Goto("ext-default/web/tcp/http".into())
+                goto("ext-default/web/tcp/http")
             );
         }
     }
@@ -727,14 +564,16 @@ pub(super) mod tests {
         se.service.ports[0].node_port = 30080;
         se.service.external_traffic_policy = TrafficPolicy::Local;
         let cidr: Cidr = "10.244.0.0/16".parse().unwrap();
-        let objs = service_objects(&se, Family::V4, &[cidr], false);
+        let objs = objects(&se, Family::V4, &[cidr], false);
         assert_eq!(
             chain_text(&objs, "ext-default/web/tcp/http"),
             [
                 "ip saddr 10.244.0.0/16 goto svc-default/web/tcp/http",
                 "fib saddr type local jump mark-for-masquerade",
                 "fib saddr type local goto svc-default/web/tcp/http",
-                "meta l4proto tcp dnat to 10.244.1.11:8080",
+                pick(2, 1).as_str(),
+                pick(2, 2).as_str(),
+                pick(2, 3).as_str(),
             ]
         );
     }
@@ -745,13 +584,13 @@ pub(super) mod tests {
         se.service.ports[0].node_port = 30080;
         se.service.external_traffic_policy = TrafficPolicy::Local;
         se.endpoints[0].ports[0].scopes.external = false;
-        let objs = service_objects(&se, Family::V4, &[], false);
+        let objs = objects(&se, Family::V4, &[], false);
         assert_eq!(
             objs.elements[&(
                 NO_ENDPOINT_NODEPORTS,
                 vec![KeyPart::Proto(6), KeyPart::Port(30080)]
             )],
-            Verdict::Drop
+            ElementValue::Verdict(Verdict::Drop)
         );
     }
 
@@ -781,7 +620,7 @@ pub(super) mod tests {
     fn ipv6_names_avoid_colons() {
         let mut se = web(vec![endpoint("fd00:10:244::11", true)], Some(60));
         se.service.cluster_ips = IpSet::from_ips(&["fd00:10:96::10".parse().unwrap()]);
-        let objs = service_objects(&se, Family::V6, &[], false);
+        let objs = objects(&se, Family::V6, &[], false);
         assert!(objs
             .sets
             .contains_key("aff-default/web/tcp/http/fd00-10-244--11/8080"));
