@@ -420,3 +420,106 @@ fn udp_conntrack_entries_of_gone_endpoints_are_deleted() {
         nft::cleanup().unwrap();
     });
 }
+
+/// `services` services `ns/svc-<i>` (10.96.x.y:80), each with three
+/// endpoints; service 7 has only two when `one_less`.
+fn many(services: usize, one_less: bool) -> LocalState {
+    LocalState {
+        services: (0..services)
+            .map(|i| {
+                let n = if one_less && i == 7 { 2 } else { 3 };
+                let vip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+                let mut se = testing::service("ns", &format!("svc-{i}"), &[&vip]).with_endpoints(
+                    (0..n).map(|j| {
+                        endpoint(&format!("10.{}.{}.{}", 100 + i / 250, i % 250, j + 1), true)
+                    }),
+                );
+                se.service.uid = String::new();
+                se
+            })
+            .map(Into::into)
+            .collect(),
+    }
+}
+
+/// The elements of map or set `name` in the IPv4 table, as `nft -j`
+/// prints them.
+fn json_elements(name: &str) -> Vec<serde_json::Value> {
+    let text = nft::nft_output(&["-j", "list", "table", "ip", TABLE])
+        .unwrap()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    doc["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o.get("map").or_else(|| o.get("set")))
+        .filter(|m| m["name"] == name)
+        .flat_map(|m| m["elem"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+/// Removing one endpoint sends the same few messages at 300 services as
+/// at 3,000 (set and map elements, no rule), and the kernel then holds the
+/// service's two endpoints and its new size.
+#[test]
+fn one_endpoint_change_is_a_small_transaction_whatever_the_service_count() {
+    use ebpf_kube_proxy::datapath::{Datapath, ServiceChange};
+    use ebpf_kube_proxy::model::claims::Claims;
+    in_private_netns(|| {
+        let mut sizes = Vec::new();
+        for services in [300, 3000] {
+            let (full, one_less) = (many(services, false), many(services, true));
+            let mut dp = NftDatapath::open(Vec::new()).unwrap();
+            dp.program_all(&full, &Claims::of(&full)).unwrap();
+            let svc7 = &one_less.services[7];
+            let changed = [ServiceChange {
+                key: &svc7.service.key,
+                next: Some(svc7),
+            }];
+            dp.program_changes(&full, &one_less, &changed, &Claims::of(&one_less))
+                .unwrap();
+            sizes.push(dp.last_transaction(Family::V4).unwrap());
+
+            // The rules still cover the group's new size: the chain has
+            // the same rules as in a fresh full sync of the new state.
+            let chain = "svc-ns/svc-7/tcp/http";
+            let listing = listing();
+            let rules_now: Vec<String> = nft::chains_of_listing(&listing)
+                .into_iter()
+                .find(|(c, _)| c == chain)
+                .unwrap()
+                .1;
+            assert!(
+                rules_now
+                    .iter()
+                    .any(|r| r.contains("numgen random mod 2 map @endpoints")),
+                "{rules_now:?}"
+            );
+            // Group of svc-7 (id 8: ids follow the services' order).
+            let sizes_of_7: Vec<String> = json_elements(rules::GROUP_SIZES)
+                .iter()
+                .map(|e| e["concat"].to_string())
+                .filter(|c| c.starts_with("[8,"))
+                .collect();
+            assert_eq!(sizes_of_7, ["[8,2]"]);
+            let mut endpoints_of_7: Vec<String> = json_elements(rules::ENDPOINTS)
+                .iter()
+                .filter(|e| e[0]["concat"][0] == 8)
+                .map(|e| e[1]["concat"].to_string())
+                .collect();
+            endpoints_of_7.sort();
+            assert_eq!(
+                endpoints_of_7,
+                [r#"["10.100.7.1",8080]"#, r#"["10.100.7.2",8080]"#]
+            );
+            nft::cleanup().unwrap();
+        }
+        assert_eq!(
+            sizes[0], sizes[1],
+            "messages, bytes at 300 and 3,000 services"
+        );
+        // Group size out and in, endpoint out; hairpin element out.
+        assert!(sizes[0].0 <= 4, "{sizes:?}");
+    });
+}

@@ -241,21 +241,20 @@ pub fn elements_of(attributes: &[u8]) -> Vec<(Vec<u8>, ElementData)> {
 /// A key as `nft` prints it, from its bytes in `set` of family `f`.
 pub fn key_display(f: Family, set: &str, bytes: &[u8]) -> String {
     if matches!(set, rules::GROUP_SIZES | rules::ENDPOINTS) {
-        // Group ids and sizes (big-endian), slots (host order, as numgen
-        // writes them).
+        // Group ids, sizes and slots, in host order.
         let words: Vec<[u8; 4]> = bytes
             .chunks(4)
             .filter_map(|w| <[u8; 4]>::try_from(w).ok())
             .collect();
         let parts: Vec<KeyPart> = match words[..] {
-            [id] => vec![KeyPart::Id(u32::from_be_bytes(id))],
+            [id] => vec![KeyPart::Id(u32::from_ne_bytes(id))],
             [id, slot] if set == rules::ENDPOINTS => vec![
-                KeyPart::Id(u32::from_be_bytes(id)),
+                KeyPart::Id(u32::from_ne_bytes(id)),
                 KeyPart::Slot(u32::from_ne_bytes(slot)),
             ],
             [id, size] => vec![
-                KeyPart::Id(u32::from_be_bytes(id)),
-                KeyPart::Id(u32::from_be_bytes(size)),
+                KeyPart::Id(u32::from_ne_bytes(id)),
+                KeyPart::Id(u32::from_ne_bytes(size)),
             ],
             _ => return bytes.iter().map(|b| format!("{b:02x}")).collect(),
         };

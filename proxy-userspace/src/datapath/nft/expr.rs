@@ -205,9 +205,15 @@ impl Rule {
                     slots,
                     sizes,
                     endpoints,
-                } => format!(
-                    "{id:#x} [invalid type] . {slots:#x} [invalid type] @{sizes} dnat {fam} to {id:#x} [invalid type] . numgen random mod {slots} map @{endpoints}"
-                ),
+                } => {
+                    // nft prints these untyped constants' bytes as a
+                    // big-endian number.
+                    let raw = |v: &u32| u32::from_be_bytes(v.to_ne_bytes());
+                    let (rid, rslots) = (raw(id), raw(slots));
+                    format!(
+                        "{rid:#x} [invalid type] . {rslots:#x} [invalid type] @{sizes} dnat {fam} to {rid:#x} [invalid type] . numgen random mod {slots} map @{endpoints}"
+                    )
+                }
                 Stmt::Verdict(v) => v.to_string(),
             });
         }
@@ -464,8 +470,8 @@ fn encode_stmt(a: &mut Attrs, f: Family, s: &Stmt) {
             // `id . slots` in the first two registers must be in `sizes`;
             // then `id . slot` there, the endpoint's `addr . port` from
             // the third on.
-            immediate_value(a, r, &id.to_be_bytes());
-            immediate_value(a, r + 1, &slots.to_be_bytes());
+            immediate_value(a, r, &id.to_ne_bytes());
+            immediate_value(a, r + 1, &slots.to_ne_bytes());
             lookup(a, sizes, r, None, false);
             a.expr("numgen", |e| {
                 e.be32(1, r + 1)
@@ -514,7 +520,8 @@ pub fn key_bytes(parts: &[KeyPart]) -> Vec<u8> {
             KeyPart::Addr(ip) => out.extend(addr_bytes(ip)),
             KeyPart::Proto(p) => out.push(*p),
             KeyPart::Port(port) => out.extend(port.to_be_bytes()),
-            KeyPart::Id(id) => out.extend(id.to_be_bytes()),
+            // Host order, as nft reads a `mark`.
+            KeyPart::Id(id) => out.extend(id.to_ne_bytes()),
             // numgen writes its number in host order.
             KeyPart::Slot(slot) => out.extend(slot.to_ne_bytes()),
         }

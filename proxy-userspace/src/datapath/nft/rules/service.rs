@@ -386,7 +386,9 @@ pub(in crate::datapath::nft) mod tests {
 
     /// The rule of group `id` for `k` endpoints.
     fn pick(id: u32, k: u32) -> String {
-        format!("meta l4proto tcp {id:#x} [invalid type] . {k:#x} [invalid type] @group-sizes dnat ip to {id:#x} [invalid type] . numgen random mod {k} map @endpoints")
+        let raw = |v: u32| u32::from_be_bytes(v.to_ne_bytes());
+        let (rid, rk) = (raw(id), raw(k));
+        format!("meta l4proto tcp {rid:#x} [invalid type] . {rk:#x} [invalid type] @group-sizes dnat ip to {rid:#x} [invalid type] . numgen random mod {k} map @endpoints")
     }
 
     #[test]
