@@ -47,7 +47,7 @@ impl Frame {
                 .state
                 .services
                 .iter()
-                .map(convert::service_endpoints)
+                .map(|s| convert::service_endpoints(s))
                 .collect(),
         }
     }
