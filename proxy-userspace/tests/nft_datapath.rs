@@ -497,6 +497,21 @@ fn one_endpoint_change_is_a_small_transaction_whatever_the_service_count() {
                     .any(|r| r.contains("numgen random mod 2 map @endpoints")),
                 "{rules_now:?}"
             );
+            // `dump` puts the group's elements under the service.
+            let dump = nft::dump_text().unwrap();
+            let of_7: Vec<&str> = dump
+                .lines()
+                .skip_while(|l| *l != "service ns/svc-7")
+                .skip(1)
+                .take_while(|l| l.starts_with("  "))
+                .collect();
+            assert!(
+                of_7.iter().any(|l| l.ends_with("has 2 endpoints"))
+                    && of_7
+                        .iter()
+                        .any(|l| l.contains("slot 1 -> 10.100.7.2 . 8080")),
+                "{of_7:#?}"
+            );
             nft::cleanup().unwrap();
         }
         assert_eq!(
