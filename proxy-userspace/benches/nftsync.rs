@@ -1,29 +1,25 @@
 //! `cargo xtask bench` (root): the nftables datapath at 10k services /
-//! 100k endpoints and 50k / 250k, in a network namespace of its own, each
-//! figure printed with a ratio against `nft -f` in the same run:
+//! 100k endpoints and 50k / 250k (`EKP_BENCH_SCALES=10000x10,50000x5`
+//! picks others), in a network namespace of its own, each figure printed
+//! with a ratio against `nft -f` loading the very same ruleset (rendered
+//! from the same rules) in the same run:
 //!
-//! * full sync: one netlink transaction vs. one `nft -f` file holding the
-//!   same services in kube-proxy's layout (a chain per service, one
-//!   `numgen` DNAT rule per endpoint: nft cannot parse the datapath's own
-//!   group rules back);
-//! * one endpoint removed / re-added: the datapath's partial sync (set
-//!   and map elements only) vs. `nft -f` rewriting that service's chain,
-//!   the work an endpoint change costs in kube-proxy's layout.
-//!
-//! `EKP_BENCH_SCALES=10000x10,50000x5` picks the scales.
+//! * full sync: one netlink transaction vs. one `nft -f` file;
+//! * one endpoint removed / re-added: the datapath's partial sync vs.
+//!   `nft -f` with that service's chain rewritten.
 
 mod common;
 
-use std::fmt::Write as _;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ebpf_kube_proxy::apply::Applier;
-use ebpf_kube_proxy::datapath::nft::rules::TABLE;
+use ebpf_kube_proxy::datapath::nft::expr::key_text;
+use ebpf_kube_proxy::datapath::nft::rules::{self, Family, TABLE};
 use ebpf_kube_proxy::datapath::nft::{self, NftDatapath};
-use ebpf_kube_proxy::model::{compute, LocalState, ServiceEndpoints};
+use ebpf_kube_proxy::model::{compute, LocalState};
 
 use common::{cluster_of, report};
 
@@ -51,136 +47,100 @@ fn delete_tables() {
     nft::cleanup().expect("cleanup");
 }
 
-/// `se`'s chain in kube-proxy's layout: rule *i* of *N* DNATs with
-/// probability 1/(N - i).
-fn chain_rules(out: &mut String, i: usize, se: &ServiceEndpoints) {
+/// The whole IPv4 table as one `nft -f` file: what the full sync loads.
+fn full_text(state: &LocalState) -> String {
+    let f = Family::V4;
     let t = format!("ip {TABLE}");
-    let n = se.endpoints.len();
-    for (k, ep) in se.endpoints.iter().enumerate() {
-        let port = ep.ports.first().map_or(8080, |p| p.port);
-        let pick = if n - k > 1 {
-            format!("numgen random mod {} 0 ", n - k)
-        } else {
-            String::new()
-        };
-        let _ = writeln!(
-            out,
-            "add rule {t} svc-{i} {pick}meta l4proto tcp dnat to {}:{port}",
-            ep.ip
-        );
+    let mut out = vec![
+        format!("add table {t}"),
+        format!(
+            "add map {t} {} {{ type ipv4_addr . inet_proto . inet_service : verdict ; }}",
+            rules::SERVICE_IPS
+        ),
+        format!(
+            "add map {t} {} {{ type inet_proto . inet_service : verdict ; }}",
+            rules::SERVICE_NODEPORTS
+        ),
+        format!(
+            "add map {t} {} {{ type ipv4_addr . inet_proto . inet_service : verdict ; }}",
+            rules::NO_ENDPOINT_SERVICES
+        ),
+        format!(
+            "add map {t} {} {{ type inet_proto . inet_service : verdict ; }}",
+            rules::NO_ENDPOINT_NODEPORTS
+        ),
+        format!(
+            "add set {t} {} {{ type ipv4_addr . ipv4_addr ; }}",
+            rules::HAIRPIN
+        ),
+    ];
+    for (name, kind, hook, prio) in rules::BASE_CHAINS {
+        let hook = ["prerouting", "input", "forward", "output", "postrouting"][hook as usize];
+        out.push(format!(
+            "add chain {t} {name} {{ type {kind} hook {hook} priority {prio} ; policy accept ; }}"
+        ));
     }
-}
-
-/// The services of `state` as one `nft -f` file (IPv4, ClusterIPs).
-fn baseline_text(state: &LocalState) -> String {
-    let t = format!("ip {TABLE}");
-    let mut out = format!(
-        "add table {t}\n\
-         add map {t} service-ips {{ type ipv4_addr . inet_proto . inet_service : verdict ; }}\n\
-         add chain {t} nat-prerouting {{ type nat hook prerouting priority -100 ; policy accept ; }}\n\
-         add chain {t} services\n\
-         add rule {t} nat-prerouting jump services\n\
-         add rule {t} services ip daddr . meta l4proto . th dport vmap @service-ips\n"
-    );
-    let mut elements = Vec::new();
-    for (i, se) in state.services.iter().enumerate() {
-        let _ = writeln!(out, "add chain {t} svc-{i}");
-        chain_rules(&mut out, i, se);
-        for ip in se.service.cluster_ips.iter() {
-            elements.push(format!("{ip} . tcp . 80 : goto svc-{i}"));
+    for name in rules::HELPER_CHAINS {
+        out.push(format!("add chain {t} {name}"));
+    }
+    let objs: Vec<_> = state
+        .services
+        .iter()
+        .map(|se| rules::service_objects(se, f, &[], false))
+        .collect();
+    for o in &objs {
+        for name in o.chains.keys() {
+            out.push(format!("add chain {t} {name}"));
         }
     }
-    let _ = writeln!(
-        out,
-        "add element {t} service-ips {{ {} }}",
-        elements.join(", ")
-    );
-    out
+    for (chain, rule) in rules::base_rules(f, &[]) {
+        out.push(format!("add rule {t} {chain} {}", rule.text(f)));
+    }
+    let mut elements: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    let mut hairpin = std::collections::BTreeSet::new();
+    for o in &objs {
+        for (name, rs) in &o.chains {
+            for r in rs {
+                out.push(format!("add rule {t} {name} {}", r.text(f)));
+            }
+        }
+        for ((map, key), verdict) in &o.elements {
+            elements
+                .entry(map)
+                .or_default()
+                .push(format!("{} : {verdict}", key_text(key)));
+        }
+        hairpin.extend(o.hairpin.iter().map(|ip| format!("{ip} . {ip}")));
+    }
+    for (map, elems) in elements {
+        out.push(format!("add element {t} {map} {{ {} }}", elems.join(", ")));
+    }
+    let hairpin: Vec<String> = hairpin.into_iter().collect();
+    out.push(format!(
+        "add element {t} {} {{ {} }}",
+        rules::HAIRPIN,
+        hairpin.join(", ")
+    ));
+    out.join("\n") + "\n"
 }
 
-/// One service's chain rewritten, as `nft -f` commands.
+/// One service's chains rewritten, as `nft -f` commands.
 fn change_text(state: &LocalState, index: usize) -> String {
-    let mut out = format!("flush chain ip {TABLE} svc-{index}\n");
-    chain_rules(&mut out, index, &state.services[index]);
-    out
+    let f = Family::V4;
+    let o = rules::service_objects(&state.services[index], f, &[], false);
+    let mut out = Vec::new();
+    for (name, rs) in &o.chains {
+        out.push(format!("flush chain ip {TABLE} {name}"));
+        for r in rs {
+            out.push(format!("add rule ip {TABLE} {name} {}", r.text(f)));
+        }
+    }
+    out.join("\n") + "\n"
 }
 
 fn median(mut times: Vec<Duration>) -> Duration {
     times.sort();
     times[times.len() / 2]
-}
-
-fn scales() -> Vec<(usize, usize)> {
-    let spec = std::env::var("EKP_BENCH_SCALES").unwrap_or_else(|_| "10000x10,50000x5".into());
-    spec.split(',')
-        .filter_map(|s| {
-            let (a, b) = s.split_once('x')?;
-            Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
-        })
-        .collect()
-}
-
-fn bench(services: usize, per_service: usize) {
-    let full = compute(&cluster_of(services, per_service), &common::node());
-    let mut one_less = full.clone();
-    let changed = 0;
-    Arc::make_mut(&mut one_less.services[changed])
-        .endpoints
-        .pop();
-    let (full, one_less) = (Arc::new(full), Arc::new(one_less));
-    println!(
-        "nftables datapath: {services} services, {} endpoints; full sync median of {FULL_RUNS}, one change median of {CHANGE_RUNS}",
-        services * per_service
-    );
-
-    let text = baseline_text(&full);
-    let mut ours = Vec::new();
-    let mut theirs = Vec::new();
-    for _ in 0..FULL_RUNS {
-        delete_tables();
-        let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).expect("open")));
-        let t = Instant::now();
-        dp.apply(&full).expect("full sync");
-        ours.push(t.elapsed());
-        delete_tables();
-        theirs.push(nft_file(&text));
-    }
-    report(
-        &format!("nftables full sync {services}/{}", services * per_service),
-        median(ours),
-        "nft -f of the same services",
-        median(theirs),
-        Duration::from_secs(10),
-    );
-
-    delete_tables();
-    let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).expect("open")));
-    dp.apply(&full).expect("full sync");
-    let mut ours = Vec::new();
-    for i in 0..CHANGE_RUNS {
-        let to = if i % 2 == 0 { &one_less } else { &full };
-        let t = Instant::now();
-        dp.apply(to).expect("partial sync");
-        ours.push(t.elapsed());
-    }
-    delete_tables();
-    nft_file(&text);
-    let mut theirs = Vec::new();
-    for i in 0..CHANGE_RUNS {
-        let state = if i % 2 == 0 { &one_less } else { &full };
-        theirs.push(nft_file(&change_text(state, changed)));
-    }
-    report(
-        &format!(
-            "nftables one endpoint change {services}/{}",
-            services * per_service
-        ),
-        median(ours),
-        "nft -f rewriting that chain",
-        median(theirs),
-        Duration::from_millis(50),
-    );
-    delete_tables();
 }
 
 fn main() {
@@ -207,4 +167,75 @@ fn main() {
     for (services, per_service) in scales() {
         bench(services, per_service);
     }
+}
+
+fn scales() -> Vec<(usize, usize)> {
+    let spec = std::env::var("EKP_BENCH_SCALES").unwrap_or_else(|_| "10000x10,50000x5".into());
+    spec.split(',')
+        .filter_map(|s| {
+            let (a, b) = s.split_once('x')?;
+            Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn bench(services: usize, per_service: usize) {
+    let full = compute(&cluster_of(services, per_service), &common::node());
+    let mut one_less = full.clone();
+    let changed = 0;
+    Arc::make_mut(&mut one_less.services[changed])
+        .endpoints
+        .pop();
+    let (full, one_less) = (Arc::new(full), Arc::new(one_less));
+    println!(
+        "nftables datapath: {services} services, {} endpoints; full sync median of {FULL_RUNS}, one change median of {CHANGE_RUNS}",
+        services * per_service
+    );
+
+    let text = full_text(&full);
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for _ in 0..FULL_RUNS {
+        delete_tables();
+        let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).expect("open")));
+        let t = Instant::now();
+        dp.apply(&full).expect("full sync");
+        ours.push(t.elapsed());
+        delete_tables();
+        theirs.push(nft_file(&text));
+    }
+    report(
+        &format!("nftables full sync {services}/{}", services * per_service),
+        median(ours),
+        "nft -f of the same ruleset",
+        median(theirs),
+        Duration::from_secs(10),
+    );
+
+    delete_tables();
+    let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).expect("open")));
+    dp.apply(&full).expect("full sync");
+    let mut ours = Vec::new();
+    for i in 0..CHANGE_RUNS {
+        let to = if i % 2 == 0 { &one_less } else { &full };
+        let t = Instant::now();
+        dp.apply(to).expect("partial sync");
+        ours.push(t.elapsed());
+    }
+    let mut theirs = Vec::new();
+    for i in 0..CHANGE_RUNS {
+        let state = if i % 2 == 0 { &full } else { &one_less };
+        theirs.push(nft_file(&change_text(state, changed)));
+    }
+    report(
+        &format!(
+            "nftables one endpoint change {services}/{}",
+            services * per_service
+        ),
+        median(ours),
+        "nft -f rewriting that chain",
+        median(theirs),
+        Duration::from_millis(50),
+    );
+    delete_tables();
 }

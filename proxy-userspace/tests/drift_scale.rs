@@ -81,11 +81,7 @@ fn nftables_check_at_10k_services_is_clean_fast_and_finds_a_deleted_element() {
                 KeyPart::Port(svc.ports[0].port),
             ]);
             let mut b = Batch::new();
-            let elem = Element {
-                key,
-                verdict: None,
-                data: None,
-            };
+            let elem = Element { key, verdict: None };
             b.delete_elements(
                 Family::V4.nfproto_u8(),
                 TABLE,

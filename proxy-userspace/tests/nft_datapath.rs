@@ -224,16 +224,8 @@ fn the_kernel_holds_the_rules_we_wrote() {
                     .or_default()
                     .push(rule.text(f));
             }
-            // Group ids as the datapath assigns them: from 1, in order.
-            let mut ids: BTreeMap<String, u32> = BTreeMap::new();
-            let mut group_id = |chain: &str, n: u32| {
-                let next = ids.len() as u32 + 1;
-                rules::Group::around(*ids.entry(chain.to_owned()).or_insert(next), n)
-            };
             for se in &state.services {
-                for (chain, rs) in
-                    rules::service_objects(se, f, &cidrs, false, &mut group_id).chains
-                {
+                for (chain, rs) in rules::service_objects(se, f, &cidrs, false).chains {
                     expected.insert(chain, rs.iter().map(|r| r.text(f)).collect());
                 }
             }
@@ -318,7 +310,7 @@ fn an_incompatible_leftover_table_is_recreated() {
             .program(&state)
             .unwrap();
         let text = listing();
-        assert!(text.contains("10.244.1.11 . 8080"), "{text}");
+        assert!(text.contains("dnat to 10.244.1.11:8080"), "{text}");
         assert!(!text.contains("stale-chain"), "{text}");
         assert!(text.contains("type ipv4_addr . ipv4_addr"), "{text}");
         nft::cleanup().unwrap();
@@ -406,119 +398,5 @@ fn udp_conntrack_entries_of_gone_endpoints_are_deleted() {
             .unwrap();
         assert_eq!(backends(), ["10.244.1.11"]);
         nft::cleanup().unwrap();
-    });
-}
-
-/// `services` services `ns/svc-<i>` (10.96.x.y:80), each with three
-/// endpoints; service 7 has only two when `one_less`.
-fn many(services: usize, one_less: bool) -> LocalState {
-    LocalState::new((0..services).map(|i| {
-        let n = if one_less && i == 7 { 2 } else { 3 };
-        let vip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
-        let mut se = testing::service("ns", &format!("svc-{i}"), &[&vip]).with_endpoints(
-            (0..n).map(|j| endpoint(&format!("10.{}.{}.{}", 100 + i / 250, i % 250, j + 1), true)),
-        );
-        se.service.uid = String::new();
-        se
-    }))
-}
-
-/// The elements of map or set `name` in the IPv4 table, as `nft -j`
-/// prints them.
-fn json_elements(name: &str) -> Vec<serde_json::Value> {
-    let text = nft::nft_output(&["-j", "list", "table", "ip", TABLE])
-        .unwrap()
-        .unwrap();
-    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
-    doc["nftables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|o| o.get("map").or_else(|| o.get("set")))
-        .filter(|m| m["name"] == name)
-        .flat_map(|m| m["elem"].as_array().cloned().unwrap_or_default())
-        .collect()
-}
-
-/// Removing one endpoint sends the same few messages at 300 services as
-/// at 3,000 (set and map elements, no rule), and the kernel then holds the
-/// service's two endpoints and its new size.
-#[test]
-fn one_endpoint_change_is_a_small_transaction_whatever_the_service_count() {
-    use ebpf_kube_proxy::datapath::{Datapath, ServiceChange};
-    use ebpf_kube_proxy::model::claims::Claims;
-    in_private_netns(|| {
-        let mut sizes = Vec::new();
-        for services in [300, 3000] {
-            let (full, one_less) = (many(services, false), many(services, true));
-            let mut dp = NftDatapath::open(Vec::new()).unwrap();
-            dp.program_all(&full, &Claims::of(&full)).unwrap();
-            let key = ebpf_kube_proxy::model::ObjectKey::new("ns", "svc-7");
-            let svc7 = one_less.service(&key).unwrap();
-            let changed = [ServiceChange {
-                key: &key,
-                next: Some(svc7),
-            }];
-            dp.program_changes(&full, &one_less, &changed, &Claims::of(&one_less))
-                .unwrap();
-            sizes.push(dp.last_transaction(Family::V4).unwrap());
-
-            // The kernel holds svc-7's two endpoints in one group whose
-            // size is 2, and the chain has a rule for that size.
-            let mut group = None;
-            let mut endpoints_of_7 = Vec::new();
-            for e in json_elements(rules::ENDPOINTS) {
-                let addr = e[1]["concat"][0].as_str().unwrap().to_owned();
-                if addr.starts_with("10.100.7.") {
-                    let id = e[0]["concat"][0].clone();
-                    assert!(group.as_ref().is_none_or(|g| *g == id), "{e}");
-                    group = Some(id);
-                    endpoints_of_7.push(format!("{addr}:{}", e[1]["concat"][1]));
-                }
-            }
-            endpoints_of_7.sort();
-            assert_eq!(endpoints_of_7, ["10.100.7.1:8080", "10.100.7.2:8080"]);
-            let group = group.unwrap();
-            let sizes_of_7: Vec<serde_json::Value> = json_elements(rules::GROUP_SIZES)
-                .into_iter()
-                .filter(|e| e["concat"][0] == group)
-                .map(|e| e["concat"][1].clone())
-                .collect();
-            assert_eq!(sizes_of_7, [serde_json::json!(2)]);
-            let listing = listing();
-            let rules_now = nft::chains_of_listing(&listing)
-                .into_iter()
-                .find(|(c, _)| c == "svc-ns/svc-7/tcp/http")
-                .unwrap()
-                .1;
-            assert!(
-                rules_now
-                    .iter()
-                    .any(|r| r.contains("numgen random mod 2 map @endpoints")),
-                "{rules_now:?}"
-            );
-            // `dump` puts the group's elements under the service.
-            let dump = nft::dump_text().unwrap();
-            let of_7: Vec<&str> = dump
-                .lines()
-                .skip_while(|l| *l != "service ns/svc-7")
-                .skip(1)
-                .take_while(|l| l.starts_with("  "))
-                .collect();
-            assert!(
-                of_7.iter().any(|l| l.ends_with("has 2 endpoints"))
-                    && of_7
-                        .iter()
-                        .any(|l| l.contains("slot 1 -> 10.100.7.2 . 8080")),
-                "{of_7:#?}"
-            );
-            nft::cleanup().unwrap();
-        }
-        assert_eq!(
-            sizes[0], sizes[1],
-            "messages, bytes at 300 and 3,000 services"
-        );
-        // Group size out and in, endpoint out; hairpin element out.
-        assert!(sizes[0].0 <= 4, "{sizes:?}");
     });
 }

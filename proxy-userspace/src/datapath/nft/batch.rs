@@ -112,8 +112,6 @@ pub const NFT_RETURN: i32 = -5;
 pub struct Element {
     pub key: Vec<u8>,
     pub verdict: Option<(i32, Option<String>)>,
-    /// A data map's value (`verdict` is then `None`).
-    pub data: Option<Vec<u8>>,
 }
 
 /// A set to create.
@@ -125,9 +123,6 @@ pub struct SetSpec {
     pub key_len: u32,
     /// Milliseconds; 0 = none.
     pub timeout_ms: u64,
-    /// A data map's value type and length (`None` with
-    /// [`NFT_SET_MAP`]: a verdict map).
-    pub data: Option<(u32, u32)>,
 }
 
 /// One nf_tables transaction. Each message keeps a one-line description
@@ -166,11 +161,6 @@ impl Batch {
     /// The number of commands in the batch (begin/end excluded).
     pub fn len(&self) -> usize {
         self.descriptions.len() - 1
-    }
-
-    /// The batch's size on the wire, in bytes.
-    pub fn byte_len(&self) -> usize {
-        self.buf.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -308,14 +298,8 @@ impl Batch {
             .be32(3, set.flags)
             .be32(4, set.key_type)
             .be32(5, set.key_len);
-        match set.data {
-            Some((data_type, data_len)) => {
-                a.be32(6, data_type).be32(7, data_len);
-            }
-            None if set.flags & NFT_SET_MAP != 0 => {
-                a.be32(6, NFT_DATA_VERDICT);
-            }
-            None => {}
+        if set.flags & NFT_SET_MAP != 0 {
+            a.be32(6, NFT_DATA_VERDICT);
         }
         a.be32(10, self.set_id);
         self.set_id += 1;
@@ -364,9 +348,6 @@ impl Batch {
                         el.data_value(1, &e.key);
                         if let Some((code, chain)) = &e.verdict {
                             el.data_verdict(2, *code, chain.as_deref());
-                        }
-                        if let Some(data) = &e.data {
-                            el.data_value(2, data);
                         }
                     });
                 }

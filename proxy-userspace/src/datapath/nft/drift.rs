@@ -19,7 +19,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use super::batch::{self, Family, NFT_GOTO, NFT_JUMP, NFT_RETURN, NF_ACCEPT, NF_DROP};
 use super::expr::{key_bytes, key_text, KeyPart};
 use super::nlsock::{attr_str, attrs, Attrs, Socket};
-use super::rules::{self, ElementValue, TABLE};
+use super::rules::{self, TABLE};
 use super::{has_table, NftDatapath, NftError};
 use crate::datapath::drift::{Drift, DriftKind, ABSENT};
 
@@ -27,16 +27,9 @@ use crate::datapath::drift::{Drift, DriftKind, ABSENT};
 const GETRULE: u16 = 7;
 const GETSETELEM: u16 = 13;
 
-/// An element's data.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ElementData {
-    /// A plain set's element.
-    Set,
-    /// A verdict map's: verdict code and chain.
-    Verdict(i32, Option<String>),
-    /// A data map's value bytes.
-    Value(Vec<u8>),
-}
+/// An element's data: `Some((verdict code, chain))` in a verdict map,
+/// `None` in a plain set.
+pub type ElementData = Option<(i32, Option<String>)>;
 
 /// An element's identity: its set or map (one of [`rules::BASE_SETS`])
 /// and its key bytes.
@@ -101,32 +94,23 @@ pub fn expected(dp: &NftDatapath, f: Family) -> Expected {
         for (name, secs) in &objs.sets {
             c.sets.insert(name.clone(), u64::from(*secs) * 1000);
         }
-        for ((map, key), value) in &objs.elements {
+        for ((map, key), verdict) in &objs.elements {
             let k = (*map, key_bytes(key));
-            c.elements.insert(k.clone(), element_data(value));
+            let (code, chain) = verdict.code();
+            c.elements
+                .insert(k.clone(), Some((code, chain.map(str::to_owned))));
             owners.insert(k, service.to_string());
         }
     }
     for (fam, ip) in dp.hairpin_refs.keys() {
         if *fam == f {
             let key = key_bytes(&[KeyPart::Addr(*ip), KeyPart::Addr(*ip)]);
-            c.elements.insert((rules::HAIRPIN, key), ElementData::Set);
+            c.elements.insert((rules::HAIRPIN, key), None);
         }
     }
     Expected {
         contents: c,
         owners,
-    }
-}
-
-fn element_data(value: &ElementValue) -> ElementData {
-    match value {
-        ElementValue::Verdict(v) => {
-            let (code, chain) = v.code();
-            ElementData::Verdict(code, chain.map(str::to_owned))
-        }
-        ElementValue::Data(parts) => ElementData::Value(key_bytes(parts)),
-        ElementValue::Member => ElementData::Set,
     }
 }
 
@@ -219,20 +203,13 @@ pub fn elements_of(attributes: &[u8]) -> Vec<(Vec<u8>, ElementData)> {
         let Some(key) = nested(elem, 1).and_then(|k| nested(k, 1)) else {
             continue;
         };
-        let data = match nested(elem, 2) {
-            None => ElementData::Set,
-            Some(d) => match (nested(d, 2), nested(d, 1)) {
-                (Some(v), _) => {
-                    let code = nested(v, 1)
-                        .and_then(|c| <[u8; 4]>::try_from(c).ok())
-                        .map(i32::from_be_bytes)
-                        .unwrap_or(i32::MIN);
-                    ElementData::Verdict(code, nested(v, 2).map(attr_str))
-                }
-                (None, Some(value)) => ElementData::Value(value.to_vec()),
-                (None, None) => ElementData::Set,
-            },
-        };
+        let data = nested(elem, 2).and_then(|d| nested(d, 2)).map(|v| {
+            let code = nested(v, 1)
+                .and_then(|c| <[u8; 4]>::try_from(c).ok())
+                .map(i32::from_be_bytes)
+                .unwrap_or(i32::MIN);
+            (code, nested(v, 2).map(attr_str))
+        });
         out.push((key.to_vec(), data));
     }
     out
@@ -240,26 +217,6 @@ pub fn elements_of(attributes: &[u8]) -> Vec<(Vec<u8>, ElementData)> {
 
 /// A key as `nft` prints it, from its bytes in `set` of family `f`.
 pub fn key_display(f: Family, set: &str, bytes: &[u8]) -> String {
-    if matches!(set, rules::GROUP_SIZES | rules::ENDPOINTS) {
-        // Group ids, sizes and slots, in host order.
-        let words: Vec<[u8; 4]> = bytes
-            .chunks(4)
-            .filter_map(|w| <[u8; 4]>::try_from(w).ok())
-            .collect();
-        let parts: Vec<KeyPart> = match words[..] {
-            [id] => vec![KeyPart::Id(u32::from_ne_bytes(id))],
-            [id, slot] if set == rules::ENDPOINTS => vec![
-                KeyPart::Id(u32::from_ne_bytes(id)),
-                KeyPart::Slot(u32::from_ne_bytes(slot)),
-            ],
-            [id, size] => vec![
-                KeyPart::Id(u32::from_ne_bytes(id)),
-                KeyPart::Id(u32::from_ne_bytes(size)),
-            ],
-            _ => return bytes.iter().map(|b| format!("{b:02x}")).collect(),
-        };
-        return key_text(&parts);
-    }
     let addr_len = f.addr_len() as usize;
     let shape: &[usize] = match set {
         rules::SERVICE_IPS | rules::NO_ENDPOINT_SERVICES => &[addr_len, 1, 2],
@@ -293,10 +250,8 @@ pub fn key_display(f: Family, set: &str, bytes: &[u8]) -> String {
 
 /// An element's data as `nft` prints it.
 pub fn data_display(d: &ElementData) -> String {
-    let (code, chain) = match d {
-        ElementData::Set => return "present".to_owned(),
-        ElementData::Value(bytes) => return bytes.iter().map(|b| format!("{b:02x}")).collect(),
-        ElementData::Verdict(code, chain) => (code, chain),
+    let Some((code, chain)) = d else {
+        return "present".to_owned();
     };
     let chain = chain.as_deref().unwrap_or("?");
     match *code {
@@ -392,9 +347,10 @@ pub fn compare(f: Family, expected: &Expected, found: Option<&TableContents>) ->
             continue;
         }
         let (a, b) = (e.elements.get(k), found.elements.get(k));
-        let service = expected.owners.get(k).cloned().or_else(|| match b {
-            Some(ElementData::Verdict(_, Some(chain))) => rules::service_of(chain),
-            _ => None,
+        let service = expected.owners.get(k).cloned().or_else(|| {
+            b.and_then(|d| d.as_ref())
+                .and_then(|(_, chain)| chain.as_deref())
+                .and_then(rules::service_of)
         });
         let text = |d: Option<&ElementData>| d.map_or_else(|| ABSENT.to_owned(), data_display);
         out.push(
@@ -437,17 +393,15 @@ mod tests {
         c.sets.insert(rules::SERVICE_IPS.into(), 0);
         c.sets.insert(rules::HAIRPIN.into(), 0);
         c.sets.insert("aff-default/web/tcp/http".into(), 10_800_000);
-        c.elements.insert(
-            web_key(),
-            ElementData::Verdict(NFT_GOTO, Some(WEB_CHAIN.into())),
-        );
+        c.elements
+            .insert(web_key(), Some((NFT_GOTO, Some(WEB_CHAIN.into()))));
         let ip: IpAddr = "10.244.1.11".parse().unwrap();
         c.elements.insert(
             (
                 rules::HAIRPIN,
                 key_bytes(&[KeyPart::Addr(ip), KeyPart::Addr(ip)]),
             ),
-            ElementData::Set,
+            None,
         );
         Expected {
             owners: HashMap::from([(web_key(), "default/web".to_owned())]),
@@ -509,12 +463,9 @@ mod tests {
             for n in c.chains.values_mut().flatten() {
                 *n = 0;
             }
+            c.elements.insert(web_key(), Some((NF_DROP, None)));
             c.elements
-                .insert(web_key(), ElementData::Verdict(NF_DROP, None));
-            c.elements.insert(
-                (rules::SERVICE_IPS, stray_key),
-                ElementData::Verdict(NF_ACCEPT, None),
-            );
+                .insert((rules::SERVICE_IPS, stray_key), Some((NF_ACCEPT, None)));
         });
         let d = compare(Family::V4, &programmed(), Some(&f));
         let summary: Vec<(DriftKind, &str, &str, &str)> = d
@@ -638,11 +589,8 @@ mod tests {
         assert_eq!(
             elements_of(&a.buf),
             vec![
-                (
-                    web,
-                    ElementData::Verdict(NFT_GOTO, Some(WEB_CHAIN.to_owned()))
-                ),
-                (vec![10, 0, 0, 1, 10, 0, 0, 1], ElementData::Set),
+                (web, Some((NFT_GOTO, Some(WEB_CHAIN.to_owned())))),
+                (vec![10, 0, 0, 1, 10, 0, 0, 1], None),
             ]
         );
     }

@@ -34,38 +34,7 @@ pub fn dump_tables() -> Result<Vec<TableDump>, NftError> {
             serde_json::from_str(&json_text).map_err(|e| NftError::Output(e.to_string()))?;
         let objects = doc["nftables"].as_array().cloned().unwrap_or_default();
         let mut per_service: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let owners = group_owners(&listing);
-        let owner = |id: &Value| {
-            id.as_u64()
-                .and_then(|id| owners.get(&id))
-                .cloned()
-                .unwrap_or_else(|| "(unowned groups)".to_owned())
-        };
         for o in &objects {
-            if let Some(set) = o.get("set").filter(|s| s["name"] == rules::GROUP_SIZES) {
-                for elem in set["elem"].as_array().into_iter().flatten() {
-                    let parts = &elem["concat"];
-                    per_service.entry(owner(&parts[0])).or_default().push(format!(
-                        "{}: group {} has {} endpoints",
-                        rules::GROUP_SIZES,
-                        parts[0],
-                        parts[1]
-                    ));
-                }
-            }
-            if let Some(map) = o.get("map").filter(|m| m["name"] == rules::ENDPOINTS) {
-                for elem in map["elem"].as_array().into_iter().flatten() {
-                    let key = &elem[0]["concat"];
-                    per_service.entry(owner(&key[0])).or_default().push(format!(
-                        "{}: group {} slot {} -> {}",
-                        rules::ENDPOINTS,
-                        key[0],
-                        key[1],
-                        render_value(&elem[1])
-                    ));
-                }
-                continue;
-            }
             if let Some(map) = o.get("map") {
                 let name = map["name"].as_str().unwrap_or_default();
                 for elem in map["elem"].as_array().into_iter().flatten() {
@@ -135,27 +104,6 @@ fn info_of_listing(listing: &str) -> Option<String> {
     let end = rest.find('}')?;
     let comment = rest[..end].split("comment \"").nth(1)?;
     Some(comment.trim_end().trim_end_matches('"').to_owned())
-}
-
-/// Endpoint group id → the service whose chain picks from it, from the
-/// chains' rules (`0x1000000 [invalid type] . … @group-sizes …`: nft
-/// prints the untyped id's host-order bytes as a big-endian number).
-fn group_owners(listing: &str) -> BTreeMap<u64, String> {
-    let mut out = BTreeMap::new();
-    for (chain, lines) in chains_of_listing(listing) {
-        let Some(service) = rules::service_of(&chain) else {
-            continue;
-        };
-        for l in lines.iter().filter(|l| l.contains(rules::GROUP_SIZES)) {
-            let raw = l
-                .split_whitespace()
-                .find_map(|w| u32::from_str_radix(w.strip_prefix("0x")?, 16).ok());
-            if let Some(raw) = raw {
-                out.insert(u64::from(u32::from_ne_bytes(raw.to_be_bytes())), service.clone());
-            }
-        }
-    }
-    out
 }
 
 /// Chain name → its rules, from `nft list table` text.

@@ -137,15 +137,6 @@ pub enum Stmt {
     Reject,
     /// `update @set { ip saddr }`.
     UpdateSaddr(String),
-    /// If `id . slots` is in the set `sizes` (the group has `slots`
-    /// endpoints), DNAT to `id . (numgen random mod slots)` looked up in
-    /// the map `endpoints`.
-    DnatGroup {
-        id: u32,
-        slots: u32,
-        sizes: String,
-        endpoints: String,
-    },
     Verdict(Verdict),
 }
 
@@ -200,20 +191,6 @@ impl Rule {
                 Stmt::RejectTcpReset => "reject with tcp reset".to_owned(),
                 Stmt::Reject => "reject".to_owned(),
                 Stmt::UpdateSaddr(set) => format!("update @{set} {{ {fam} saddr }}"),
-                Stmt::DnatGroup {
-                    id,
-                    slots,
-                    sizes,
-                    endpoints,
-                } => {
-                    // nft prints these untyped constants' bytes as a
-                    // big-endian number.
-                    let raw = |v: &u32| u32::from_be_bytes(v.to_ne_bytes());
-                    let (rid, rslots) = (raw(id), raw(slots));
-                    format!(
-                        "{rid:#x} [invalid type] . {rslots:#x} [invalid type] @{sizes} dnat {fam} to {rid:#x} [invalid type] . numgen random mod {slots} map @{endpoints}"
-                    )
-                }
                 Stmt::Verdict(v) => v.to_string(),
             });
         }
@@ -458,39 +435,6 @@ fn encode_stmt(a: &mut Attrs, f: Family, s: &Stmt) {
                 e.str(1, set).be32(3, DYNSET_OP_UPDATE).be32(4, r);
             });
         }
-        Stmt::DnatGroup {
-            id,
-            slots,
-            sizes,
-            endpoints,
-        } => {
-            // nft lists this as `0x1 [invalid type] . 0x3 [invalid type]
-            // @sizes dnat ip to 0x1 [invalid type] . numgen random mod 3
-            // map @endpoints` (the constants carry no type for it).
-            // `id . slots` in the first two registers must be in `sizes`;
-            // then `id . slot` there, the endpoint's `addr . port` from
-            // the third on.
-            immediate_value(a, r, &id.to_ne_bytes());
-            immediate_value(a, r + 1, &slots.to_ne_bytes());
-            lookup(a, sizes, r, None, false);
-            a.expr("numgen", |e| {
-                e.be32(1, r + 1)
-                    .be32(2, *slots)
-                    .be32(3, NG_RANDOM)
-                    .be32(4, 0);
-            });
-            let addr_reg = r + 2;
-            lookup(a, endpoints, r, Some(addr_reg), false);
-            let port_reg = addr_reg + regs(f.addr_len());
-            a.expr("nat", |e| {
-                e.be32(1, NAT_DNAT)
-                    .be32(2, f.nfproto())
-                    .be32(3, addr_reg)
-                    .be32(4, addr_reg)
-                    .be32(5, port_reg)
-                    .be32(6, port_reg);
-            });
-        }
         Stmt::Verdict(v) => {
             let (code, chain) = v.code();
             a.expr("immediate", |e| {
@@ -520,10 +464,6 @@ pub fn key_bytes(parts: &[KeyPart]) -> Vec<u8> {
             KeyPart::Addr(ip) => out.extend(addr_bytes(ip)),
             KeyPart::Proto(p) => out.push(*p),
             KeyPart::Port(port) => out.extend(port.to_be_bytes()),
-            // Host order, as nft reads a `mark`.
-            KeyPart::Id(id) => out.extend(id.to_ne_bytes()),
-            // numgen writes its number in host order.
-            KeyPart::Slot(slot) => out.extend(slot.to_ne_bytes()),
         }
         while !(out.len() - start).is_multiple_of(4) {
             out.push(0);
@@ -543,8 +483,6 @@ pub fn key_text(parts: &[KeyPart]) -> String {
             KeyPart::Addr(ip) => write!(s, "{ip}"),
             KeyPart::Proto(p) => write!(s, "{}", proto_name(*p)),
             KeyPart::Port(port) => write!(s, "{port}"),
-            KeyPart::Id(id) => write!(s, "{id:#010x}"),
-            KeyPart::Slot(slot) => write!(s, "{slot}"),
         };
     }
     s
@@ -555,10 +493,6 @@ pub enum KeyPart {
     Addr(IpAddr),
     Proto(u8),
     Port(u16),
-    /// An endpoint group's id (or an endpoint count).
-    Id(u32),
-    /// A slot in an endpoint group, as `numgen` writes it.
-    Slot(u32),
 }
 
 #[cfg(test)]

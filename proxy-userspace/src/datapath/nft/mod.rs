@@ -29,7 +29,6 @@ pub mod conntrack;
 pub mod drift;
 mod dump;
 pub mod expr;
-mod groups;
 pub mod nlsock;
 pub mod rules;
 
@@ -46,9 +45,8 @@ use crate::model::claims::{Claims, Frontend, FrontendIp};
 use crate::model::{LocalState, ObjectKey, Protocol, ServiceEndpoints};
 use crate::net::Cidr;
 use batch::{Batch, Element};
-use expr::{key_bytes, key_text, KeyPart};
-use groups::Groups;
-use rules::{ElementKey, ElementValue, Family, ServiceObjects, TABLE};
+use expr::{key_bytes, key_text, KeyPart, Verdict};
+use rules::{ElementKey, Family, ServiceObjects, TABLE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {
@@ -84,17 +82,13 @@ pub fn commit(f: Family, batch: Batch) -> Result<(), NftError> {
     Ok(())
 }
 
-fn element(key: &[KeyPart], value: Option<&ElementValue>) -> Element {
+fn element(key: &[KeyPart], verdict: Option<&Verdict>) -> Element {
     Element {
         key: key_bytes(key),
-        verdict: value.and_then(ElementValue::verdict).map(|v| {
+        verdict: verdict.map(|v| {
             let (code, chain) = v.code();
             (code, chain.map(str::to_owned))
         }),
-        data: match value {
-            Some(ElementValue::Data(parts)) => Some(key_bytes(parts)),
-            _ => None,
-        },
     }
 }
 
@@ -127,7 +121,7 @@ fn add_rules(batch: &mut Batch, f: Family, chain: &str, rules: &[expr::Rule]) {
 
 /// Elements grouped per map, for one message per map (and chunk).
 fn grouped<'a>(
-    items: impl IntoIterator<Item = (&'a ElementKey, Option<&'a ElementValue>)>,
+    items: impl IntoIterator<Item = (&'a ElementKey, Option<&'a Verdict>)>,
 ) -> BTreeMap<&'static str, (Vec<Element>, Vec<String>)> {
     let mut out: BTreeMap<&'static str, (Vec<Element>, Vec<String>)> = BTreeMap::new();
     for ((map, key), verdict) in items {
@@ -200,10 +194,6 @@ pub struct NftDatapath {
     hairpin_refs: HashMap<(Family, IpAddr), usize>,
     /// `--nodeport-addresses` (empty: every local address).
     nodeport_addresses: Vec<Cidr>,
-    /// Endpoint groups per family.
-    groups: HashMap<Family, Groups>,
-    /// Messages and bytes of the last transaction per family.
-    last_transaction: HashMap<Family, (usize, usize)>,
     /// Why this datapath runs (the requested mode, auto's fallback
     /// reason): kept in the table for `dump`.
     note: String,
@@ -231,8 +221,6 @@ impl NftDatapath {
             hairpin_refs: HashMap::new(),
             note: "proxy-mode nftables".to_owned(),
             nodeport_addresses: Vec::new(),
-            groups: HashMap::new(),
-            last_transaction: HashMap::new(),
         })
     }
 
@@ -247,17 +235,6 @@ impl NftDatapath {
     pub fn with_nodeport_addresses(mut self, cidrs: Vec<Cidr>) -> Self {
         self.nodeport_addresses = cidrs;
         self
-    }
-
-    /// Messages and bytes of the last transaction sent for family `f`.
-    pub fn last_transaction(&self, f: Family) -> Option<(usize, usize)> {
-        self.last_transaction.get(&f).copied()
-    }
-
-    /// Sends `b`, recording its size.
-    fn send(&mut self, f: Family, b: Batch) -> Result<(), NftError> {
-        self.last_transaction.insert(f, (b.len(), b.byte_len()));
-        commit(f, b)
     }
 
     /// Records why nftables runs; `dump` shows it from the table.
@@ -285,20 +262,8 @@ impl NftDatapath {
 
     /// The objects of `se` in family `f`, without the map elements of
     /// frontends another service owns.
-    fn owned_objects(
-        &mut self,
-        se: &ServiceEndpoints,
-        f: Family,
-        claims: &Claims,
-    ) -> ServiceObjects {
-        let ids = self.groups.entry(f).or_default();
-        let mut objs = rules::service_objects(
-            se,
-            f,
-            &self.cluster_cidrs,
-            self.masquerade_all,
-            &mut |chain, n| ids.get(chain, n),
-        );
+    fn owned_objects(&self, se: &ServiceEndpoints, f: Family, claims: &Claims) -> ServiceObjects {
+        let mut objs = rules::service_objects(se, f, &self.cluster_cidrs, self.masquerade_all);
         objs.elements.retain(|ek, _| {
             element_frontend(ek).is_none_or(|fr| claims.owns(&se.service.key, &fr))
         });
@@ -411,11 +376,7 @@ impl NftDatapath {
                 format!("element {} ({} addresses)", rules::HAIRPIN, hp.len()),
             );
         }
-        self.send(f, b)?;
-        self.groups
-            .entry(f)
-            .or_default()
-            .retain(|c| wanted_chains.contains(c));
+        commit(f, b)?;
         self.programmed.retain(|(_, fam), _| *fam != f);
         self.hairpin_refs.retain(|(fam, _), _| *fam != f);
         self.hairpin_refs.extend(hairpin);
@@ -437,8 +398,8 @@ impl NftDatapath {
         claims: &Claims,
     ) -> Result<(), NftError> {
         let fam = f.nfproto_u8();
-        let mut del_elems: Vec<(ElementKey, ElementValue)> = Vec::new();
-        let mut add_elems: Vec<(ElementKey, ElementValue)> = Vec::new();
+        let mut del_elems: Vec<(ElementKey, Verdict)> = Vec::new();
+        let mut add_elems: Vec<(ElementKey, Verdict)> = Vec::new();
         let (mut flushes, mut del_chains, mut del_sets) = (Vec::new(), Vec::new(), Vec::new());
         let (mut add_sets, mut add_chains) = (Vec::new(), Vec::new());
         let mut add_rule_sets: Vec<(String, Vec<expr::Rule>)> = Vec::new();
@@ -474,15 +435,12 @@ impl NftDatapath {
             for ip in &new.hairpin {
                 *hairpin_delta.entry(*ip).or_default() += 1;
             }
-            // A chain is rewritten whole when its rules changed, or when
-            // the service's affinity sets did (a chain whose rules did not
-            // change may still point at a set re-created with a new
-            // timeout). An endpoint change leaves the rules alone: it is
-            // elements only.
-            let sets_changed = old.sets != new.sets;
+            // Chains of a changed service are rewritten whole: a chain
+            // whose rules did not change may still point at a set that is
+            // re-created with a new timeout.
             for name in old.chains.keys() {
+                flushes.push(name.clone());
                 if !new.chains.contains_key(name) {
-                    flushes.push(name.clone());
                     del_chains.push(name.clone());
                 }
             }
@@ -497,12 +455,8 @@ impl NftDatapath {
                 }
             }
             for (name, chain_rules) in &new.chains {
-                match old.chains.get(name) {
-                    None => add_chains.push(name.clone()),
-                    Some(old_rules) if sets_changed || old_rules != chain_rules => {
-                        flushes.push(name.clone());
-                    }
-                    Some(_) => continue,
+                if !old.chains.contains_key(name) {
+                    add_chains.push(name.clone());
                 }
                 add_rule_sets.push((name.clone(), chain_rules.clone()));
             }
@@ -568,13 +522,7 @@ impl NftDatapath {
                 format!("add element {}", rules::HAIRPIN),
             );
         }
-        if b.is_empty() {
-            return Ok(());
-        }
-        self.send(f, b)?;
-        for name in &del_chains {
-            self.groups.entry(f).or_default().release(name);
-        }
+        commit(f, b)?;
         for (k, n) in counts {
             if n == 0 {
                 self.hairpin_refs.remove(&k);

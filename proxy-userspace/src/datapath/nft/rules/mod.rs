@@ -14,21 +14,10 @@
 //!   unreachable) before any NAT happens;
 //! * per service port a cluster chain `svc-…` (traffic to cluster IPs,
 //!   the `internal` scope) and an external chain `ext-…` (node ports,
-//!   external and load-balancer IPs, the `external` scope) each own an
-//!   endpoint group: an id, `id . N` in the `group-sizes` set (*N*
-//!   endpoints) and its endpoints by slot in the `endpoints` map. The
-//!   chain ends in one rule per count *k* around *N* (see [`Group`]): if
-//!   `id . k` is in `group-sizes`, DNAT to `id . (numgen random mod k)`
-//!   looked up in `endpoints`. So an endpoint change within that range
-//!   touches set and map elements only: no rule, no chain and no verdict
-//!   element, none of which the kernel commits without validating the
-//!   whole table (~100 ms at 50,000 services). (A rule cannot take the
-//!   count from a map: numgen's modulus is a constant, and the kernel
-//!   refuses a rule that reads a register it did not write, so a shared
-//!   `pick-N` chain cannot be handed the group id.)
-//! * a service with ClientIP affinity keeps one rule per endpoint instead
-//!   (rule *i* of *N* matches `numgen random mod (N - i) 0`, which gives
-//!   every endpoint 1/N), after its per-endpoint affinity rules;
+//!   external and load-balancer IPs, the `external` scope) pick an
+//!   endpoint and DNAT to it in one rule per endpoint: rule *i* of *N*
+//!   matches `numgen random mod (N - i) 0`, which gives every endpoint
+//!   1/N; ClientIP affinity rules come first;
 //! * `nat-postrouting` masquerades hairpin connections (a pod sent to
 //!   itself: `saddr . daddr` in the `hairpin` set) and what was marked
 //!   with [`MASQ_MARK`].
@@ -59,24 +48,14 @@ pub const SERVICE_NODEPORTS: &str = "service-nodeports";
 pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const HAIRPIN: &str = "hairpin";
-/// Endpoint group id . its number of endpoints.
-pub const GROUP_SIZES: &str = "group-sizes";
-/// Endpoint group id . slot → the endpoint's `addr . port`.
-pub const ENDPOINTS: &str = "endpoints";
 /// The maps and sets every table has.
-pub const BASE_SETS: [&str; 7] = [
+pub const BASE_SETS: [&str; 5] = [
     SERVICE_IPS,
     SERVICE_NODEPORTS,
     NO_ENDPOINT_SERVICES,
     NO_ENDPOINT_NODEPORTS,
     HAIRPIN,
-    GROUP_SIZES,
-    ENDPOINTS,
 ];
-/// A group's rules cover this many endpoint counts either side of the
-/// count they were written for: a change within that range is elements
-/// only.
-pub const GROUP_SIZE_MARGIN: u32 = 2;
 /// A rule-less chain whose comment says which mode runs and why
 /// (`dump` shows it).
 pub const INFO_CHAIN: &str = "datapath-info";
@@ -87,7 +66,6 @@ const REJECT_CHAIN: &str = "reject-chain";
 // part in by 6 bits, as nft does).
 const TYPE_INET_PROTO: u32 = 12;
 const TYPE_INET_SERVICE: u32 = 13;
-const TYPE_MARK: u32 = 19;
 
 fn concat_type(parts: &[u32]) -> u32 {
     parts.iter().fold(0, |acc, t| (acc << 6) | t)
@@ -96,35 +74,6 @@ fn concat_type(parts: &[u32]) -> u32 {
 /// A map element's identity: the map and its key.
 pub type ElementKey = (&'static str, Vec<KeyPart>);
 
-/// A map element's value: a verdict, or data (`addr . port`, a count).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ElementValue {
-    Verdict(Verdict),
-    Data(Vec<KeyPart>),
-    /// A plain set's element.
-    Member,
-}
-
-impl ElementValue {
-    /// The verdict (`None`: a data value).
-    pub fn verdict(&self) -> Option<&Verdict> {
-        match self {
-            ElementValue::Verdict(v) => Some(v),
-            ElementValue::Data(_) | ElementValue::Member => None,
-        }
-    }
-}
-
-impl std::fmt::Display for ElementValue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ElementValue::Verdict(v) => v.fmt(f),
-            ElementValue::Data(parts) => f.write_str(&super::expr::key_text(parts)),
-            ElementValue::Member => f.write_str("present"),
-        }
-    }
-}
-
 /// Everything one service owns in one family's table.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ServiceObjects {
@@ -132,9 +81,8 @@ pub struct ServiceObjects {
     pub chains: BTreeMap<String, Vec<Rule>>,
     /// Affinity set name → timeout in seconds.
     pub sets: BTreeMap<String, u32>,
-    /// (map, key) → verdict or data: the frontends' verdicts and, per
-    /// endpoint group, its count and its endpoints by slot.
-    pub elements: BTreeMap<ElementKey, ElementValue>,
+    /// (map, key) → verdict.
+    pub elements: BTreeMap<ElementKey, Verdict>,
     /// Endpoint addresses this service DNATs to: `addr . addr` goes in the
     /// `hairpin` set while some service uses the address.
     pub hairpin: BTreeSet<IpAddr>,
@@ -188,7 +136,6 @@ pub fn base_sets(f: Family) -> Vec<SetSpec> {
         key_type,
         key_len,
         timeout_ms: 0,
-        data: None,
     };
     vec![
         map(SERVICE_IPS, ip_key, f.addr_len() + 8),
@@ -201,18 +148,6 @@ pub fn base_sets(f: Family) -> Vec<SetSpec> {
             key_type: concat_type(&[f.addr_type(), f.addr_type()]),
             key_len: 2 * f.addr_len(),
             timeout_ms: 0,
-            data: None,
-        },
-        SetSpec {
-            flags: 0,
-            ..map(GROUP_SIZES, concat_type(&[TYPE_MARK, TYPE_MARK]), 8)
-        },
-        SetSpec {
-            data: Some((
-                concat_type(&[f.addr_type(), TYPE_INET_SERVICE]),
-                f.addr_len() + 4,
-            )),
-            ..map(ENDPOINTS, concat_type(&[TYPE_MARK, TYPE_MARK]), 8)
         },
     ]
 }
@@ -225,30 +160,6 @@ pub fn affinity_set(f: Family, name: &str, timeout_secs: u32) -> SetSpec {
         key_type: f.addr_type(),
         key_len: f.addr_len(),
         timeout_ms: u64::from(timeout_secs) * 1000,
-        data: None,
-    }
-}
-
-/// An endpoint group: its id and the endpoint counts its rules cover.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Group {
-    pub id: u32,
-    pub min: u32,
-    pub max: u32,
-}
-
-impl Group {
-    /// The counts a group of `n` endpoints gets rules for.
-    pub fn around(id: u32, n: u32) -> Group {
-        Group {
-            id,
-            min: n.saturating_sub(GROUP_SIZE_MARGIN).max(1),
-            max: n + GROUP_SIZE_MARGIN,
-        }
-    }
-
-    pub fn covers(&self, n: u32) -> bool {
-        (self.min..=self.max).contains(&n)
     }
 }
 

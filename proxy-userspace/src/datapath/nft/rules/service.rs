@@ -42,15 +42,11 @@ struct Target<'a> {
 /// What one service needs in family `f`.
 /// Traffic to a ClusterIP from outside `cluster_cidrs` is masqueraded;
 /// with `masquerade_all` (kube-proxy's `--masquerade-all`) all of it is.
-/// `group` gives the endpoint group of a chain with that many endpoints
-/// (the caller keeps a group's id and range while its count stays inside,
-/// so the chain keeps its rules).
 pub fn service_objects(
     se: &ServiceEndpoints,
     f: Family,
     cluster_cidrs: &[Cidr],
     masquerade_all: bool,
-    group: &mut dyn FnMut(&str, u32) -> Group,
 ) -> ServiceObjects {
     let ServiceEndpoints {
         service: svc,
@@ -107,51 +103,21 @@ pub fn service_objects(
         let external: Vec<&Target<'_>> = targets.iter().filter(|t| t.scopes.external).collect();
         let exposed = !external_ips.is_empty() || pm.node_port != 0;
 
-        // The endpoint choice: with affinity, its rules first, then a
-        // random pick, one rule per endpoint; without, the chain's
-        // endpoint group.
-        let pick = |chain: &str,
-                    chosen: &[&Target<'_>],
-                    out: &mut ServiceObjects,
-                    group: &mut dyn FnMut(&str, u32) -> Group|
-         -> Vec<Rule> {
+        // The endpoint choice: affinity first, then a random pick, one
+        // rule per endpoint.
+        let pick = |chosen: &[&Target<'_>], out: &mut ServiceObjects| -> Vec<Rule> {
             let mut rules = Vec::new();
-            let Some(timeout) = svc.session_affinity_timeout else {
-                let n = chosen.len() as u32;
-                let g = group(chain, n);
-                let id = g.id;
-                out.elements.insert(
-                    (GROUP_SIZES, vec![KeyPart::Id(id), KeyPart::Id(n)]),
-                    ElementValue::Member,
-                );
-                for (slot, t) in (0..n).zip(chosen) {
-                    out.elements.insert(
-                        (ENDPOINTS, vec![KeyPart::Id(id), KeyPart::Slot(slot)]),
-                        ElementValue::Data(vec![KeyPart::Addr(t.ep.ip), KeyPart::Port(t.port)]),
-                    );
-                    out.hairpin.insert(t.ep.ip);
-                }
-                for slots in g.min..=g.max {
+            let affinity = svc.session_affinity_timeout;
+            let dnat = |t: &Target<'_>| Stmt::Dnat(t.ep.ip, t.port);
+            if let Some(timeout) = affinity {
+                for t in chosen {
+                    let set = aff_set(t);
+                    out.sets.insert(set.clone(), timeout);
                     rules.push(Rule::new(
-                        vec![Match::L4Proto(proto)],
-                        vec![Stmt::DnatGroup {
-                            id,
-                            slots,
-                            sizes: GROUP_SIZES.to_owned(),
-                            endpoints: ENDPOINTS.to_owned(),
-                        }],
+                        vec![Match::SaddrIn(set.clone()), Match::L4Proto(proto)],
+                        vec![Stmt::UpdateSaddr(set), dnat(t)],
                     ));
                 }
-                return rules;
-            };
-            let dnat = |t: &Target<'_>| Stmt::Dnat(t.ep.ip, t.port);
-            for t in chosen {
-                let set = aff_set(t);
-                out.sets.insert(set.clone(), timeout);
-                rules.push(Rule::new(
-                    vec![Match::SaddrIn(set.clone()), Match::L4Proto(proto)],
-                    vec![Stmt::UpdateSaddr(set), dnat(t)],
-                ));
             }
             let n = chosen.len();
             for (i, t) in chosen.iter().enumerate() {
@@ -160,7 +126,11 @@ pub fn service_objects(
                     matches.push(Match::OneIn((n - i) as u32));
                 }
                 matches.push(Match::L4Proto(proto));
-                let stmts = vec![Stmt::UpdateSaddr(aff_set(t)), dnat(t)];
+                let mut stmts = Vec::new();
+                if affinity.is_some() {
+                    stmts.push(Stmt::UpdateSaddr(aff_set(t)));
+                }
+                stmts.push(dnat(t));
                 rules.push(Rule::new(matches, stmts));
                 out.hairpin.insert(t.ep.ip);
             }
@@ -179,7 +149,7 @@ pub fn service_objects(
             for ip in &cluster_ips {
                 out.elements.insert(
                     (NO_ENDPOINT_SERVICES, key_of(ip)),
-                    ElementValue::Verdict(Verdict::Goto(REJECT_CHAIN.to_owned())),
+                    Verdict::Goto(REJECT_CHAIN.to_owned()),
                 );
             }
         } else if !cluster_ips.is_empty() {
@@ -195,13 +165,11 @@ pub fn service_objects(
                     vec![jump(MARK_FOR_MASQUERADE)],
                 ));
             }
-            rules.extend(pick(&svc_chain, &internal, &mut out, group));
+            rules.extend(pick(&internal, &mut out));
             out.chains.insert(svc_chain.clone(), rules);
             for ip in &cluster_ips {
-                out.elements.insert(
-                    (SERVICE_IPS, key_of(ip)),
-                    ElementValue::Verdict(Verdict::Goto(svc_chain.clone())),
-                );
+                out.elements
+                    .insert((SERVICE_IPS, key_of(ip)), Verdict::Goto(svc_chain.clone()));
             }
         }
 
@@ -220,16 +188,12 @@ pub fn service_objects(
                 Verdict::Goto(REJECT_CHAIN.to_owned())
             };
             for ip in &external_ips {
-                out.elements.insert(
-                    (NO_ENDPOINT_SERVICES, key_of(ip)),
-                    ElementValue::Verdict(verdict.clone()),
-                );
+                out.elements
+                    .insert((NO_ENDPOINT_SERVICES, key_of(ip)), verdict.clone());
             }
             if pm.node_port != 0 {
-                out.elements.insert(
-                    (NO_ENDPOINT_NODEPORTS, node_port_key),
-                    ElementValue::Verdict(verdict),
-                );
+                out.elements
+                    .insert((NO_ENDPOINT_NODEPORTS, node_port_key), verdict);
             }
             continue;
         }
@@ -276,19 +240,15 @@ pub fn service_objects(
                 vec![goto(&svc_chain)],
             ));
         }
-        rules.extend(pick(&ext_chain, &external, &mut out, group));
+        rules.extend(pick(&external, &mut out));
         out.chains.insert(ext_chain.clone(), rules);
         for ip in &external_ips {
-            out.elements.insert(
-                (SERVICE_IPS, key_of(ip)),
-                ElementValue::Verdict(Verdict::Goto(ext_chain.clone())),
-            );
+            out.elements
+                .insert((SERVICE_IPS, key_of(ip)), Verdict::Goto(ext_chain.clone()));
         }
         if pm.node_port != 0 {
-            out.elements.insert(
-                (SERVICE_NODEPORTS, node_port_key),
-                ElementValue::Verdict(Verdict::Goto(ext_chain)),
-            );
+            out.elements
+                .insert((SERVICE_NODEPORTS, node_port_key), Verdict::Goto(ext_chain));
         }
     }
     out
@@ -323,25 +283,6 @@ pub(in crate::datapath::nft) mod tests {
         se
     }
 
-    /// [`service_objects`] with group ids numbered from 1 in the order
-    /// chains ask.
-    fn objects(
-        se: &ServiceEndpoints,
-        f: Family,
-        cluster_cidrs: &[Cidr],
-        masquerade_all: bool,
-    ) -> ServiceObjects {
-        let mut ids: BTreeMap<String, u32> = BTreeMap::new();
-        service_objects(se, f, cluster_cidrs, masquerade_all, &mut |chain, n| {
-            let next = ids.len() as u32 + 1;
-            Group::around(*ids.entry(chain.to_owned()).or_insert(next), n)
-        })
-    }
-
-    fn goto(chain: &str) -> ElementValue {
-        ElementValue::Verdict(Verdict::Goto(chain.into()))
-    }
-
     fn chain_text(objs: &ServiceObjects, chain: &str) -> Vec<String> {
         objs.chains[chain]
             .iter()
@@ -357,42 +298,8 @@ pub(in crate::datapath::nft) mod tests {
         ]
     }
 
-    /// The endpoints of group `id` by slot, as `addr:port`.
-    fn group(objs: &ServiceObjects, id: u32) -> Vec<String> {
-        let sizes: Vec<u32> = objs
-            .elements
-            .keys()
-            .filter_map(|(map, key)| match (map, &key[..]) {
-                (&GROUP_SIZES, [KeyPart::Id(g), KeyPart::Id(n)]) if *g == id => Some(*n),
-                _ => None,
-            })
-            .collect();
-        let [n] = sizes[..] else {
-            panic!("group {id}: sizes {sizes:?}")
-        };
-        (0..n)
-            .map(|slot| {
-                let key = (ENDPOINTS, vec![KeyPart::Id(id), KeyPart::Slot(slot)]);
-                match &objs.elements[&key] {
-                    ElementValue::Data(v) => match v[..] {
-                        [KeyPart::Addr(ip), KeyPart::Port(p)] => format!("{ip}:{p}"),
-                        _ => panic!("{v:?}"),
-                    },
-                    other => panic!("{other:?}"),
-                }
-            })
-            .collect()
-    }
-
-    /// The rule of group `id` for `k` endpoints.
-    fn pick(id: u32, k: u32) -> String {
-        let raw = |v: u32| u32::from_be_bytes(v.to_ne_bytes());
-        let (rid, rk) = (raw(id), raw(k));
-        format!("meta l4proto tcp {rid:#x} [invalid type] . {rk:#x} [invalid type] @group-sizes dnat ip to {rid:#x} [invalid type] . numgen random mod {k} map @endpoints")
-    }
-
     #[test]
-    fn cluster_ip_picks_from_the_chains_endpoint_group() {
+    fn cluster_ip_picks_each_endpoint_with_equal_chance() {
         let se = web(
             vec![
                 endpoint("10.244.1.11", true),
@@ -401,55 +308,24 @@ pub(in crate::datapath::nft) mod tests {
             ],
             None,
         );
-        let objs = objects(&se, Family::V4, &[], false);
+        let objs = service_objects(&se, Family::V4, &[], false);
         assert_eq!(
             objs.elements[&(SERVICE_IPS, key("10.96.0.10", 80))],
-            goto("svc-default/web/tcp/http")
+            Verdict::Goto("svc-default/web/tcp/http".into())
         );
-        // One rule per count from 1 to 3 + 2; the one for 3 matches and
-        // draws one of 3 slots, 1/3 each.
+        // 1/3, then 1/2 of the rest, then the rest: 1/3 each.
         assert_eq!(
             chain_text(&objs, "svc-default/web/tcp/http"),
-            (1..=5).map(|k| pick(1, k)).collect::<Vec<_>>()
-        );
-        assert_eq!(
-            group(&objs, 1),
-            ["10.244.1.11:8080", "10.244.1.12:8080", "10.244.1.13:8080"]
+            [
+                "numgen random mod 3 0 meta l4proto tcp dnat to 10.244.1.11:8080",
+                "numgen random mod 2 0 meta l4proto tcp dnat to 10.244.1.12:8080",
+                "meta l4proto tcp dnat to 10.244.1.13:8080",
+            ]
         );
         assert_eq!(objs.hairpin.len(), 3);
-        assert!(objects(&se, Family::V6, &[], false).elements.is_empty());
-    }
-
-    #[test]
-    fn an_endpoint_change_changes_elements_not_rules() {
-        let three = web(
-            vec![
-                endpoint("10.244.1.11", true),
-                endpoint("10.244.1.12", true),
-                endpoint("10.244.1.13", true),
-            ],
-            None,
-        );
-        let mut two = three.clone();
-        two.endpoints.remove(1);
-        let (before, after) = (
-            objects(&three, Family::V4, &[], false),
-            objects(&two, Family::V4, &[], false),
-        );
-        // The datapath keeps the group's range while the count is in it.
-        let mut kept_range = |_: &str, n: u32| {
-            let g = Group::around(1, 3);
-            if g.covers(n) {
-                g
-            } else {
-                Group::around(1, n)
-            }
-        };
-        let kept = service_objects(&two, Family::V4, &[], false, &mut kept_range);
-        assert_eq!(before.chains, kept.chains);
-        assert_eq!(group(&kept, 1), ["10.244.1.11:8080", "10.244.1.13:8080"]);
-        // Without the range kept, the rules would differ.
-        assert_ne!(before.chains, after.chains);
+        assert!(service_objects(&se, Family::V6, &[], false)
+            .elements
+            .is_empty());
     }
 
     #[test]
@@ -461,18 +337,21 @@ pub(in crate::datapath::nft) mod tests {
             ],
             None,
         );
-        let objs = objects(&se, Family::V4, &[], false);
-        assert_eq!(group(&objs, 1), ["10.244.1.11:8080"]);
+        let objs = service_objects(&se, Family::V4, &[], false);
+        assert_eq!(
+            chain_text(&objs, "svc-default/web/tcp/http"),
+            ["meta l4proto tcp dnat to 10.244.1.11:8080"]
+        );
         assert!(!objs.hairpin.contains(&"10.244.2.12".parse().unwrap()));
     }
 
     #[test]
     fn service_without_endpoints_is_rejected_not_dispatched() {
-        let objs = objects(&web(vec![], None), Family::V4, &[], false);
+        let objs = service_objects(&web(vec![], None), Family::V4, &[], false);
         assert!(objs.chains.is_empty());
         assert_eq!(
             objs.elements[&(NO_ENDPOINT_SERVICES, key("10.96.0.10", 80))],
-            goto("reject-chain")
+            Verdict::Goto("reject-chain".into())
         );
     }
 
@@ -482,7 +361,7 @@ pub(in crate::datapath::nft) mod tests {
             vec![endpoint("10.244.1.11", true), endpoint("10.244.1.12", true)],
             Some(10800),
         );
-        let objs = objects(&se, Family::V4, &[], false);
+        let objs = service_objects(&se, Family::V4, &[], false);
         let set = "aff-default/web/tcp/http/10.244.1.11/8080";
         assert_eq!(objs.sets[set], 10800);
         let rules = chain_text(&objs, "svc-default/web/tcp/http");
@@ -501,7 +380,7 @@ pub(in crate::datapath::nft) mod tests {
     fn traffic_from_outside_the_cluster_cidr_is_marked_for_masquerade() {
         let se = web(vec![endpoint("10.244.1.11", true)], None);
         let cidr: Cidr = "10.244.0.0/16".parse().unwrap();
-        let objs = objects(&se, Family::V4, &[cidr], false);
+        let objs = service_objects(&se, Family::V4, &[cidr], false);
         assert_eq!(
             chain_text(&objs, "svc-default/web/tcp/http")[0],
             "ip saddr != 10.244.0.0/16 jump mark-for-masquerade"
@@ -512,7 +391,7 @@ pub(in crate::datapath::nft) mod tests {
     fn masquerade_all_marks_every_connection_whatever_the_cluster_cidr() {
         let se = web(vec![endpoint("10.244.1.11", true)], None);
         let cidr: Cidr = "10.244.0.0/16".parse().unwrap();
-        let objs = objects(&se, Family::V4, &[cidr], true);
+        let objs = service_objects(&se, Family::V4, &[cidr], true);
         let chain = chain_text(&objs, "svc-default/web/tcp/http");
         assert_eq!(chain[0], "jump mark-for-masquerade");
         assert!(!chain.iter().any(|r| r.contains("saddr")), "{chain:?}");
@@ -522,19 +401,21 @@ pub(in crate::datapath::nft) mod tests {
     fn node_port_goes_through_the_external_chain() {
         let mut se = web(vec![endpoint("10.244.1.11", true)], None);
         se.service.ports[0].node_port = 30080;
-        let objs = objects(&se, Family::V4, &[], false);
+        let objs = service_objects(&se, Family::V4, &[], false);
         assert_eq!(
             objs.elements[&(
                 SERVICE_NODEPORTS,
                 vec![KeyPart::Proto(6), KeyPart::Port(30080)]
             )],
-            goto("ext-default/web/tcp/http")
+            Verdict::Goto("ext-default/web/tcp/http".into())
         );
-        // The cluster chain's group is 1, the external chain's 2.
-        let mut want = vec!["jump mark-for-masquerade".to_owned()];
-        want.extend((1..=3).map(|k| pick(2, k)));
-        assert_eq!(chain_text(&objs, "ext-default/web/tcp/http"), want);
-        assert_eq!(group(&objs, 2), ["10.244.1.11:8080"]);
+        assert_eq!(
+            chain_text(&objs, "ext-default/web/tcp/http"),
+            [
+                "jump mark-for-masquerade",
+                "meta l4proto tcp dnat to 10.244.1.11:8080"
+            ]
+        );
     }
 
     #[test]
@@ -543,7 +424,7 @@ pub(in crate::datapath::nft) mod tests {
         se.service.load_balancer_ips = IpSet::from_ips(&["192.0.2.10".parse().unwrap()]);
         se.service.external_ips = IpSet::from_ips(&["192.0.2.20".parse().unwrap()]);
         se.service.load_balancer_source_ranges = vec!["198.51.100.0/24".into()];
-        let objs = objects(&se, Family::V4, &[], false);
+        let objs = service_objects(&se, Family::V4, &[], false);
         assert_eq!(
             chain_text(&objs, "fw-default/web/tcp/http"),
             ["ip saddr 198.51.100.0/24 return", "drop"]
@@ -555,7 +436,7 @@ pub(in crate::datapath::nft) mod tests {
         for ip in ["192.0.2.10", "192.0.2.20"] {
             assert_eq!(
                 objs.elements[&(SERVICE_IPS, key(ip, 80))],
-                goto("ext-default/web/tcp/http")
+                Verdict::Goto("ext-default/web/tcp/http".into())
             );
         }
     }
@@ -566,16 +447,14 @@ pub(in crate::datapath::nft) mod tests {
         se.service.ports[0].node_port = 30080;
         se.service.external_traffic_policy = TrafficPolicy::Local;
         let cidr: Cidr = "10.244.0.0/16".parse().unwrap();
-        let objs = objects(&se, Family::V4, &[cidr], false);
+        let objs = service_objects(&se, Family::V4, &[cidr], false);
         assert_eq!(
             chain_text(&objs, "ext-default/web/tcp/http"),
             [
                 "ip saddr 10.244.0.0/16 goto svc-default/web/tcp/http",
                 "fib saddr type local jump mark-for-masquerade",
                 "fib saddr type local goto svc-default/web/tcp/http",
-                pick(2, 1).as_str(),
-                pick(2, 2).as_str(),
-                pick(2, 3).as_str(),
+                "meta l4proto tcp dnat to 10.244.1.11:8080",
             ]
         );
     }
@@ -586,13 +465,13 @@ pub(in crate::datapath::nft) mod tests {
         se.service.ports[0].node_port = 30080;
         se.service.external_traffic_policy = TrafficPolicy::Local;
         se.endpoints[0].ports[0].scopes.external = false;
-        let objs = objects(&se, Family::V4, &[], false);
+        let objs = service_objects(&se, Family::V4, &[], false);
         assert_eq!(
             objs.elements[&(
                 NO_ENDPOINT_NODEPORTS,
                 vec![KeyPart::Proto(6), KeyPart::Port(30080)]
             )],
-            ElementValue::Verdict(Verdict::Drop)
+            Verdict::Drop
         );
     }
 
@@ -622,7 +501,7 @@ pub(in crate::datapath::nft) mod tests {
     fn ipv6_names_avoid_colons() {
         let mut se = web(vec![endpoint("fd00:10:244::11", true)], Some(60));
         se.service.cluster_ips = IpSet::from_ips(&["fd00:10:96::10".parse().unwrap()]);
-        let objs = objects(&se, Family::V6, &[], false);
+        let objs = service_objects(&se, Family::V6, &[], false);
         assert!(objs
             .sets
             .contains_key("aff-default/web/tcp/http/fd00-10-244--11/8080"));
