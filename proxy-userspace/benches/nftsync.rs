@@ -1,5 +1,6 @@
 //! `cargo xtask bench` (root): the nftables datapath at 10k services /
-//! 100k endpoints, in a network namespace of its own, each figure printed
+//! 100k endpoints and 50k / 250k (`EKP_BENCH_SCALES=10000x10,50000x5`
+//! picks others), in a network namespace of its own, each figure printed
 //! with a ratio against `nft -f` loading the very same ruleset (rendered
 //! from the same rules) in the same run:
 //!
@@ -20,7 +21,7 @@ use ebpf_kube_proxy::datapath::nft::rules::{self, Family, TABLE};
 use ebpf_kube_proxy::datapath::nft::{self, NftDatapath};
 use ebpf_kube_proxy::model::{compute, LocalState};
 
-use common::{cluster, report, ENDPOINTS_PER_SERVICE, SERVICES};
+use common::{cluster_of, report};
 
 const FULL_RUNS: usize = 3;
 const CHANGE_RUNS: usize = 7;
@@ -163,7 +164,23 @@ fn main() {
         );
         return;
     }
-    let full = compute(&cluster(), &common::node());
+    for (services, per_service) in scales() {
+        bench(services, per_service);
+    }
+}
+
+fn scales() -> Vec<(usize, usize)> {
+    let spec = std::env::var("EKP_BENCH_SCALES").unwrap_or_else(|_| "10000x10,50000x5".into());
+    spec.split(',')
+        .filter_map(|s| {
+            let (a, b) = s.split_once('x')?;
+            Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn bench(services: usize, per_service: usize) {
+    let full = compute(&cluster_of(services, per_service), &common::node());
     let mut one_less = full.clone();
     let changed = 0;
     Arc::make_mut(&mut one_less.services[changed])
@@ -171,8 +188,8 @@ fn main() {
         .pop();
     let (full, one_less) = (Arc::new(full), Arc::new(one_less));
     println!(
-        "nftables datapath: {SERVICES} services, {} endpoints; full sync median of {FULL_RUNS}, one change median of {CHANGE_RUNS}",
-        SERVICES * ENDPOINTS_PER_SERVICE
+        "nftables datapath: {services} services, {} endpoints; full sync median of {FULL_RUNS}, one change median of {CHANGE_RUNS}",
+        services * per_service
     );
 
     let text = full_text(&full);
@@ -188,11 +205,11 @@ fn main() {
         theirs.push(nft_file(&text));
     }
     report(
-        "nftables full sync (netlink, one transaction)",
+        &format!("nftables full sync {services}/{}", services * per_service),
         median(ours),
         "nft -f of the same ruleset",
         median(theirs),
-        Duration::from_secs(5),
+        Duration::from_secs(10),
     );
 
     delete_tables();
@@ -211,7 +228,10 @@ fn main() {
         theirs.push(nft_file(&change_text(state, changed)));
     }
     report(
-        "nftables one endpoint change (partial sync)",
+        &format!(
+            "nftables one endpoint change {services}/{}",
+            services * per_service
+        ),
         median(ours),
         "nft -f rewriting that chain",
         median(theirs),

@@ -545,7 +545,7 @@ pub mod ct {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datapath::nft::rules::tests::{endpoint, web};
+    use crate::datapath::nft::rules::service::tests::{endpoint, web};
     use crate::model::Protocol;
 
     fn udp(mut se: ServiceEndpoints) -> ServiceEndpoints {
