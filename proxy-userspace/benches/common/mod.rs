@@ -13,6 +13,12 @@ pub const ENDPOINTS_PER_SERVICE: usize = 10;
 pub const RUNS: usize = 7;
 
 pub fn cluster() -> ClusterState {
+    cluster_of(SERVICES, ENDPOINTS_PER_SERVICE)
+}
+
+/// `services` ClusterIP services with `endpoints_per_service` endpoints
+/// each, spread over five nodes and two zones.
+pub fn cluster_of(services: usize, endpoints_per_service: usize) -> ClusterState {
     let mut c = ClusterState::default();
     c.nodes.insert(
         "node-1".into(),
@@ -24,7 +30,7 @@ pub fn cluster() -> ClusterState {
             addresses: vec![],
         },
     );
-    for i in 0..SERVICES {
+    for i in 0..services {
         let key = ObjectKey::new(format!("ns-{}", i % 50), format!("svc-{i}"));
         let vip = Ipv4Addr::from(0x0a60_0000u32 + i as u32);
         c.services.insert(
@@ -54,9 +60,9 @@ pub fn cluster() -> ClusterState {
                 load_balancer_source_ranges: vec![],
             },
         );
-        let endpoints = (0..ENDPOINTS_PER_SERVICE)
+        let endpoints = (0..endpoints_per_service)
             .map(|j| {
-                let n = (i * ENDPOINTS_PER_SERVICE + j) as u32;
+                let n = (i * endpoints_per_service + j) as u32;
                 Endpoint {
                     ip: IpAddr::V4(Ipv4Addr::from(0x0af4_0000u32 + n)),
                     hostname: None,

@@ -4,5 +4,7 @@
 pub mod client;
 pub mod convert;
 pub mod metrics;
+pub mod frame;
 pub mod render;
 pub mod server;
+pub mod wire;
