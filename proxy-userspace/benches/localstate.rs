@@ -43,7 +43,7 @@ fn main() {
     let messages: Vec<_> = state
         .services
         .iter()
-        .map(convert::service_endpoints)
+        .map(|s| convert::service_endpoints(s))
         .collect();
     let encode_decode = median(|| {
         messages
@@ -74,6 +74,7 @@ fn main() {
         tx.send_replace(Arc::new(Snapshot {
             rev: 1,
             state: state.clone(),
+            changed: None,
         }));
         let mut c = client::connect(&Target::Unix(socket))
             .await

@@ -166,7 +166,9 @@ fn main() {
     let full = compute(&cluster(), &common::node());
     let mut one_less = full.clone();
     let changed = 0;
-    one_less.services[changed].endpoints.pop();
+    Arc::make_mut(&mut one_less.services[changed])
+        .endpoints
+        .pop();
     let (full, one_less) = (Arc::new(full), Arc::new(one_less));
     println!(
         "nftables datapath: {SERVICES} services, {} endpoints; full sync median of {FULL_RUNS}, one change median of {CHANGE_RUNS}",

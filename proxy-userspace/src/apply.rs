@@ -127,6 +127,18 @@ impl Applier {
 
     /// Programs `next`. On failure the next apply is a full one.
     pub fn apply(&mut self, next: &Arc<LocalState>) -> Result<Applied, DatapathError> {
+        self.apply_changes(next, None)
+    }
+
+    /// Programs `next`, given (when known) the keys of the services that
+    /// differ between what is programmed and `next`: then a partial sync
+    /// looks at those services only. Without them it compares the two
+    /// states (a pointer comparison per unchanged service).
+    pub fn apply_changes(
+        &mut self,
+        next: &Arc<LocalState>,
+        changed: Option<&[ObjectKey]>,
+    ) -> Result<Applied, DatapathError> {
         let full = self.full_next;
         self.full_next = true;
         if self.fail_next > 0 {
@@ -145,7 +157,7 @@ impl Applier {
             }
             self.datapath.program_all(next, &self.claims)?
         } else {
-            self.program_changes(next)?
+            self.program_changes(next, changed)?
         };
         self.programmed = next.clone();
         self.full_next = false;
@@ -163,14 +175,26 @@ impl Applier {
         Ok(drifts)
     }
 
-    fn program_changes(&mut self, next: &LocalState) -> Result<ApplyStats, DatapathError> {
+    fn program_changes(
+        &mut self,
+        next: &LocalState,
+        hint: Option<&[ObjectKey]>,
+    ) -> Result<ApplyStats, DatapathError> {
         let (claims, prev) = (&mut self.claims, &self.programmed);
         let mut changed: Vec<ServiceChange<'_>> = Vec::new();
+        match hint {
+            Some(keys) => changed.extend(keys.iter().map(|key| ServiceChange {
+                key,
+                next: next.service(key),
+            })),
+            None => for_each_changed(prev, next, |key, new| {
+                changed.push(ServiceChange { key, next: new });
+            }),
+        }
         let mut moved: BTreeSet<ObjectKey> = BTreeSet::new();
-        for_each_changed(prev, next, |key, new| {
-            moved.extend(claims.update(key, new.map(|s| &s.service)));
-            changed.push(ServiceChange { key, next: new });
-        });
+        for c in &changed {
+            moved.extend(claims.update(c.key, c.next.map(|s| &s.service)));
+        }
         // Services that won or lost an address without changing
         // themselves are reprogrammed as they are.
         for key in &moved {
@@ -243,7 +267,8 @@ impl Coordinator {
 
     fn apply(&mut self, snapshot: &Snapshot) {
         let started = Instant::now();
-        match self.applier.apply(&snapshot.state) {
+        let changed = snapshot.changed_since(self.programmed_rev);
+        match self.applier.apply_changes(&snapshot.state, changed) {
             Ok(applied) => {
                 let elapsed = started.elapsed();
                 self.failures = 0;
@@ -496,6 +521,7 @@ mod tests {
         tx.send_replace(Arc::new(Snapshot {
             rev: 1,
             state: Arc::default(),
+            changed: None,
         }));
         let status = Arc::new(
             Status::new(crate::status::StatusOptions {

@@ -6,18 +6,32 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::model::{LocalState, Pod};
+use crate::model::{LocalState, ObjectKey, Pod};
 
 /// One published LocalState. Revision 0 means "not synced yet".
 #[derive(Debug, Default)]
 pub struct Snapshot {
     pub rev: u64,
     pub state: Arc<LocalState>,
+    /// The keys of the services that differ between this state and the one
+    /// of revision `rev - 1` (added, changed or gone), sorted; `None`:
+    /// not known. A consumer that holds `rev - 1` need look at nothing
+    /// else; one that skipped a revision compares the states (unchanged
+    /// services are the same `Arc`, so that is a pointer comparison per
+    /// service).
+    pub changed: Option<Arc<[ObjectKey]>>,
 }
 
 impl Snapshot {
     pub fn is_synced(&self) -> bool {
         self.rev >= 1
+    }
+
+    /// The services changed since revision `held`, if this snapshot can
+    /// tell (it can when `held` is the revision just before it).
+    pub fn changed_since(&self, held: Option<u64>) -> Option<&[ObjectKey]> {
+        let changed = self.changed.as_deref()?;
+        held.is_some_and(|h| h + 1 == self.rev).then_some(changed)
     }
 }
 

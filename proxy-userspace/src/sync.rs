@@ -1,5 +1,6 @@
-//! The syncer: applies source changes to the [`ClusterState`], recomputes
-//! the [`LocalState`] and publishes it as an immutable [`Snapshot`] with a
+//! The syncer: applies source changes to the incremental [`Model`],
+//! recomputes the services they touch and publishes the new [`LocalState`]
+//! as an immutable [`Snapshot`], with the keys that changed, under a
 //! revision that only moves when the content changes (SPEC §6.1).
 //!
 //! Nothing is published before the source has synced: until then every
@@ -7,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::model::{compute, ClusterState, Node, NodeContext, Pod};
+use crate::model::{ClusterState, Model, Node, NodeContext, Pod};
 use crate::snapshot::{PodSnapshot, PodSnapshotSender, Snapshot, SnapshotSender};
 use crate::sources::{SourceMessage, SourceReceiver};
 use crate::status::{ChangeBatch, ChangeNote, Status};
@@ -38,7 +39,7 @@ fn publish_pods(cluster: &ClusterState, node_name: &str, out: &PodSnapshotSender
 
 /// Applies every message from `rx` until the source hangs up. Bursts are
 /// coalesced: all queued messages are applied before one recompute.
-/// Runs on its own thread because `compute` is CPU-bound. Reports queued
+/// Runs on its own thread because recomputing is CPU-bound. Reports queued
 /// changes, computed revisions and the source's progress to `status`.
 pub fn run(
     mut rx: SourceReceiver,
@@ -47,7 +48,7 @@ pub fn run(
     pods_out: PodSnapshotSender,
     status: Arc<Status>,
 ) {
-    let mut cluster = ClusterState::default();
+    let mut model = Model::new(node.clone());
     let mut synced = false;
     let mut rev = 0u64;
     while let Some(first) = rx.blocking_recv() {
@@ -59,7 +60,7 @@ pub fn run(
                 SourceMessage::Changes(changes) => {
                     for c in changes {
                         let note = ChangeNote::of(&c);
-                        if cluster.apply(c) {
+                        if model.apply(c) {
                             dirty = true;
                             queued.add(note);
                         }
@@ -93,21 +94,22 @@ pub fn run(
         }
         if dirty {
             status.changes_queued(queued);
+            let cluster = model.cluster();
             status.set_node_eligible(Node::eligible(cluster.nodes.get(&node.node_name)));
         }
         if synced && dirty {
-            publish_pods(&cluster, &node.node_name, &pods_out);
+            publish_pods(model.cluster(), &node.node_name, &pods_out);
         }
         if !synced || !dirty {
             continue;
         }
-        let next = compute(&cluster, &node);
-        let current = out.borrow().clone();
-        if rev >= 1 && *current.state == next {
+        let recomputed = model.recompute();
+        if rev >= 1 && recomputed.changed.is_empty() {
             tracing::debug!(rev, "recomputed state is unchanged");
             status.state_computed(rev, None);
             continue;
         }
+        let next = model.state();
         rev += 1;
         status.state_computed(rev, Some(&next));
         tracing::info!(
@@ -119,6 +121,7 @@ pub fn run(
         out.send_replace(Arc::new(Snapshot {
             rev,
             state: Arc::new(next),
+            changed: Some(recomputed.changed.into()),
         }));
     }
 }

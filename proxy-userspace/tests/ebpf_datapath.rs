@@ -308,9 +308,8 @@ fn service(
     }
 }
 
-fn state(mut services: Vec<ServiceEndpoints>) -> LocalState {
-    services.sort_by(|a, b| a.service.key.cmp(&b.service.key));
-    LocalState { services }
+fn state(services: Vec<ServiceEndpoints>) -> LocalState {
+    LocalState::new(services)
 }
 
 fn s(v: &Value, field: &str) -> String {
@@ -477,10 +476,10 @@ fn cluster_ip_traffic_is_balanced_in_the_kernel_and_survives_a_restart() {
             &[("127.0.0.1", 8082)],
             None,
         ),
-        s1.services[1].clone(),
-        s1.services[2].clone(),
-        s1.services[3].clone(),
-        s1.services[4].clone(),
+        (*s1.services[1]).clone(),
+        (*s1.services[2]).clone(),
+        (*s1.services[3]).clone(),
+        (*s1.services[4]).clone(),
     ]);
     let started = Instant::now();
     let stats = dp.apply(&Arc::new(s2.clone())).expect("apply");
@@ -550,7 +549,7 @@ fn cluster_ip_traffic_is_balanced_in_the_kernel_and_survives_a_restart() {
     assert!(!d.affinity.is_empty(), "{text}");
 
     // Removing a service: its address is no longer translated.
-    let s3 = state(vec![s2.services[1].clone()]);
+    let s3 = state(vec![(*s2.services[1]).clone()]);
     dp.apply(&Arc::new(s3.clone())).expect("apply");
     let r = env.client(true, &["tcp", "10.96.0.10", "80"]);
     assert_eq!(

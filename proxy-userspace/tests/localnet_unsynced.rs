@@ -65,6 +65,7 @@ async fn nothing_is_returned_before_the_source_has_synced() {
     tx.send_replace(Arc::new(Snapshot {
         rev: 1,
         state: Arc::new(state),
+        changed: None,
     }));
     let got = tokio::time::timeout(Duration::from_secs(1), waiter)
         .await

@@ -89,15 +89,11 @@ fn listing() -> String {
 #[test]
 fn syncs_replace_then_update_only_what_changed_and_recover_after_a_failure() {
     in_private_netns(|| {
-        let two = LocalState {
-            services: vec![web(
-                vec![endpoint("10.244.1.11", true), endpoint("10.244.1.12", true)],
-                Some(30),
-            )],
-        };
-        let one = LocalState {
-            services: vec![web(vec![endpoint("10.244.1.11", true)], Some(30))],
-        };
+        let two = LocalState::new([web(
+            vec![endpoint("10.244.1.11", true), endpoint("10.244.1.12", true)],
+            Some(30),
+        )]);
+        let one = LocalState::new([web(vec![endpoint("10.244.1.11", true)], Some(30))]);
         let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).unwrap()));
         dp.apply(&Arc::new(two.clone())).unwrap();
         let entries = dp.datapath().map_entries();
@@ -140,9 +136,7 @@ fn syncs_replace_then_update_only_what_changed_and_recover_after_a_failure() {
         assert!(listing().contains("dnat to 10.244.1.12:8080"));
 
         // No endpoints: rejected early, not dispatched.
-        let none = LocalState {
-            services: vec![web(vec![], None)],
-        };
+        let none = LocalState::new([web(vec![], None)]);
         dp.apply(&Arc::new(none.clone())).unwrap();
         let text = listing();
         assert!(
@@ -210,9 +204,7 @@ fn the_kernel_holds_the_rules_we_wrote() {
             ebpf_kube_proxy::model::IpSet::from_ips(&["fd00:10:96::10".parse().unwrap()]);
         v6.endpoints[0].ports[0].protocol = ebpf_kube_proxy::model::Protocol::Udp;
         v6.service.ports[0].protocol = ebpf_kube_proxy::model::Protocol::Udp;
-        let state = LocalState {
-            services: vec![v4, v6],
-        };
+        let state = LocalState::new([v4, v6]);
         let cidrs: Vec<Cidr> = vec!["10.244.0.0/16".parse().unwrap()];
         let nodeport_addresses: Vec<Cidr> = vec!["192.168.100.0/24".parse().unwrap()];
         let dp = NftDatapath::open(cidrs.clone())
@@ -260,9 +252,7 @@ fn the_kernel_holds_the_rules_we_wrote() {
 #[test]
 fn affinity_survives_a_restart_and_a_refusal_names_the_command() {
     in_private_netns(|| {
-        let state = LocalState {
-            services: vec![web(vec![endpoint("10.244.1.11", true)], Some(600))],
-        };
+        let state = LocalState::new([web(vec![endpoint("10.244.1.11", true)], Some(600))]);
         NftDatapath::open(Vec::new())
             .unwrap()
             .program(&state)
@@ -314,9 +304,7 @@ fn an_incompatible_leftover_table_is_recreated() {
         ] {
             nft::nft_output(&cmd).unwrap().unwrap();
         }
-        let state = LocalState {
-            services: vec![web(vec![endpoint("10.244.1.11", true)], None)],
-        };
+        let state = LocalState::new([web(vec![endpoint("10.244.1.11", true)], None)]);
         NftDatapath::open(Vec::new())
             .unwrap()
             .program(&state)
@@ -348,7 +336,7 @@ fn udp_conntrack_entries_of_gone_endpoints_are_deleted() {
             for ep in &mut se.endpoints {
                 ep.ports[0].protocol = ebpf_kube_proxy::model::Protocol::Udp;
             }
-            LocalState { services: vec![se] }
+            LocalState::new([se])
         };
         let two = udp(vec![
             endpoint("10.244.1.11", true),

@@ -2,6 +2,13 @@
 //! stream: each service's `ServiceEndpoints` message is encoded once, and
 //! a `Next` answer or a `Watch` frame is a sequence of references to those
 //! bytes, so a waiting client costs a queue of pointers, not a copy.
+//!
+//! The model shares an unchanged service between states (the same `Arc`),
+//! so a frame reuses the previous frame's bytes for it: a revision costs
+//! encoding the services that changed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use prost::Message;
@@ -10,6 +17,7 @@ use tonic::Status;
 
 use super::convert;
 use super::wire::Encoded;
+use crate::model::ServiceEndpoints;
 use crate::snapshot::Snapshot;
 
 /// One revision: its number and its services, each encoded.
@@ -17,26 +25,46 @@ use crate::snapshot::Snapshot;
 pub struct Frame {
     pub rev: u64,
     pub services: Vec<Bytes>,
+    /// The model's services the bytes were made from, same order. Held so
+    /// that their addresses identify them while this frame lives.
+    sources: Vec<Arc<ServiceEndpoints>>,
 }
 
 impl Frame {
-    /// Converts and encodes the snapshot's services (CPU work proportional
-    /// to the state: run it off the async workers).
-    pub fn from_snapshot(s: &Snapshot) -> Self {
+    /// Converts and encodes the snapshot's services, reusing `previous`'s
+    /// bytes for every service it shares with it (CPU work proportional
+    /// to what changed, still to be run off the async workers).
+    pub fn from_snapshot(s: &Snapshot, previous: Option<&Frame>) -> Self {
+        // Pointer identity is sound: `previous` keeps each of its services
+        // alive, so no other service can be at the same address.
+        let known: HashMap<*const ServiceEndpoints, &Bytes> = previous
+            .map(|p| {
+                p.sources
+                    .iter()
+                    .map(Arc::as_ptr)
+                    .zip(&p.services)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let services = s
+            .state
+            .services
+            .iter()
+            .map(|svc| match known.get(&Arc::as_ptr(svc)) {
+                Some(bytes) => Bytes::clone(bytes),
+                None => Bytes::from(convert::service_endpoints(svc).encode_to_vec()),
+            })
+            .collect();
         Frame {
             rev: s.rev,
-            services: s
-                .state
-                .services
-                .iter()
-                .map(|s| Bytes::from(convert::service_endpoints(s).encode_to_vec()))
-                .collect(),
+            services,
+            sources: s.state.services.clone(),
         }
     }
 
     /// A `Next` answer: the `next` item, then every service.
     pub fn next_items(
-        self: std::sync::Arc<Self>,
+        self: Arc<Self>,
         instance_id: u64,
     ) -> impl Iterator<Item = Result<Encoded, Status>> + Send {
         let head = Encoded::message(&pb::NextItem {
@@ -50,7 +78,7 @@ impl Frame {
 
     /// A `Watch` frame: `begin`, every service, `end`.
     pub fn watch_items(
-        self: std::sync::Arc<Self>,
+        self: Arc<Self>,
         instance_id: u64,
     ) -> impl Iterator<Item = Result<Encoded, Status>> + Send {
         use pb::watch_event::Event;
@@ -69,7 +97,7 @@ impl Frame {
     }
 
     fn service_items(
-        self: std::sync::Arc<Self>,
+        self: Arc<Self>,
     ) -> impl Iterator<Item = Result<Encoded, Status>> + Send {
         (0..self.services.len()).map(move |i| Ok(Encoded::Service(self.services[i].clone())))
     }

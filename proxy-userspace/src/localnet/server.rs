@@ -86,14 +86,19 @@ impl LocalnetService {
         let health = discovery.clone();
         let mut follower = Follower::new(snapshots, shutdown.clone());
         let converter = tokio::spawn(async move {
+            let mut previous: Option<Arc<Frame>> = None;
             while let Some(snapshot) = follower.next().await {
                 if !snapshot.is_synced() {
                     continue;
                 }
-                // Conversion is CPU work proportional to the state size.
-                match tokio::task::spawn_blocking(move || Frame::from_snapshot(&snapshot)).await {
+                // Conversion is CPU work proportional to what changed.
+                let held = previous.take();
+                let convert = move || Frame::from_snapshot(&snapshot, held.as_deref());
+                match tokio::task::spawn_blocking(convert).await {
                     Ok(f) => {
-                        frame_tx.send_replace(Arc::new(f));
+                        let f = Arc::new(f);
+                        previous = Some(f.clone());
+                        frame_tx.send_replace(f);
                         health.serving().await;
                     }
                     Err(e) => {

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use super::cluster::{
     AddressType, ClusterState, Endpoint, EndpointSlice, IpFamily, Node, Service, ServicePort,
@@ -36,34 +37,60 @@ pub struct NodeContext {
 const TRAFFIC_DISTRIBUTION_PREFER_SAME_NODE: &str = "PreferSameNode";
 
 /// Computes what this node must program from the cluster state. The entry
-/// fuzz/ drives.
+/// fuzz/ drives, and the reference the incremental model
+/// ([`super::incremental`]) is tested against.
 pub fn compute(cluster: &ClusterState, node: &NodeContext) -> LocalState {
-    let env = Env {
-        node_name: non_empty(Some(node.node_name.as_str())),
-        // An empty label value is treated like a missing one so that an
-        // empty zone hint can never select endpoints (SPEC §8.4 step 3).
-        zone: non_empty(cluster.nodes.get(&node.node_name).and_then(Node::zone)),
-    };
+    let env = Env::new(cluster, node);
     let slices_by_service = index_slices(cluster);
     let services = cluster
         .services
         .values()
-        .filter(|svc| is_proxied(svc))
         .filter_map(|svc| {
             let slices = slices_by_service
                 .get(&(svc.key.namespace.as_str(), svc.key.name.as_str()))
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            service_endpoints(svc, slices, &env, node.synthesize_hints)
+            service_view(svc, slices, &env).map(Arc::new)
         })
         .collect();
     LocalState { services }
 }
 
+/// One Service as [`compute`] sees it: `None` when this node does not
+/// proxy it. `slices` are the slices naming the Service, in slice-name
+/// order; unusable ones (FQDN, headless) are skipped here.
+pub(super) fn service_view(
+    svc: &Service,
+    slices: &[&EndpointSlice],
+    env: &Env,
+) -> Option<ServiceEndpoints> {
+    if !is_proxied(svc) {
+        return None;
+    }
+    if slices.iter().all(|s| usable(s)) {
+        return service_endpoints(svc, slices, env);
+    }
+    let usable: Vec<&EndpointSlice> = slices.iter().copied().filter(|s| usable(s)).collect();
+    service_endpoints(svc, &usable, env)
+}
+
 /// Per-call view of this node.
-struct Env<'a> {
+pub(super) struct Env<'a> {
     node_name: Option<&'a str>,
     zone: Option<&'a str>,
+    synthesize_hints: bool,
+}
+
+impl<'a> Env<'a> {
+    pub(super) fn new(cluster: &'a ClusterState, node: &'a NodeContext) -> Self {
+        Env {
+            node_name: non_empty(Some(node.node_name.as_str())),
+            // An empty label value is treated like a missing one so that an
+            // empty zone hint can never select endpoints (SPEC §8.4 step 3).
+            zone: non_empty(cluster.nodes.get(&node.node_name).and_then(Node::zone)),
+            synthesize_hints: node.synthesize_hints,
+        }
+    }
 }
 
 fn non_empty(s: Option<&str>) -> Option<&str> {
@@ -76,21 +103,24 @@ fn is_proxied(svc: &Service) -> bool {
         && !svc.labels.contains_key(LABEL_SERVICE_PROXY_NAME)
 }
 
-/// Groups the usable slices by owning Service in one pass. Because
+/// Whether a slice's endpoints can back its Service at all.
+fn usable(slice: &EndpointSlice) -> bool {
+    slice.address_type != AddressType::Fqdn && !slice.labels.contains_key(LABEL_HEADLESS)
+}
+
+/// Groups the slices by owning Service in one pass. Because
 /// `endpoint_slices` iterates in (namespace, name) order and a slice only
 /// ever belongs to a Service of its own namespace, every group ends up in
 /// slice-name order, which the duplicate rule (SPEC §8.2) relies on.
 ///
 /// The key is the owner [`EndpointSlice::service_key`] names, borrowed
-/// rather than allocated: this runs for every slice on every recompute.
-/// Groups of unknown or skipped Services are simply never looked up.
+/// rather than allocated: this runs for every slice on every full
+/// recompute. Groups of unknown or skipped Services are simply never
+/// looked up.
 fn index_slices(cluster: &ClusterState) -> HashMap<(&str, &str), Vec<&EndpointSlice>> {
     let mut index: HashMap<(&str, &str), Vec<&EndpointSlice>> =
         HashMap::with_capacity(cluster.services.len());
-    for slice in cluster.endpoint_slices.values() {
-        if slice.address_type == AddressType::Fqdn || slice.labels.contains_key(LABEL_HEADLESS) {
-            continue;
-        }
+    for slice in cluster.endpoint_slices.values().filter(|s| usable(s)) {
         let Some(service) = slice.labels.get(LABEL_SERVICE_NAME) else {
             continue;
         };
@@ -222,7 +252,6 @@ fn service_endpoints(
     svc: &Service,
     slices: &[&EndpointSlice],
     env: &Env,
-    synthesize_hints: bool,
 ) -> Option<ServiceEndpoints> {
     let service_type = match svc.service_type {
         ServiceType::ClusterIp => LocalServiceType::ClusterIp,
@@ -231,7 +260,7 @@ fn service_endpoints(
         ServiceType::ExternalName => return None,
     };
     let ports = sorted_ports(svc);
-    let synth = synthesis_for(svc, slices, synthesize_hints);
+    let synth = synthesis_for(svc, slices, env.synthesize_hints);
     let mut entries = collect_entries(&ports, slices, env);
 
     for (column, port) in ports.iter().enumerate() {

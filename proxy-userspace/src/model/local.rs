@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use super::cluster::{ObjectKey, Protocol, TargetRef, TrafficPolicy};
 
@@ -153,12 +154,24 @@ pub struct ServiceEndpoints {
 }
 
 /// What this node programs; `services` sorted by (namespace, name).
+///
+/// Each service sits behind an `Arc`: a state derived from an earlier one
+/// shares every service that did not change (the incremental model makes
+/// new states that way), so a new revision costs one pointer per service
+/// and "unchanged" is a pointer comparison.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LocalState {
-    pub services: Vec<ServiceEndpoints>,
+    pub services: Vec<Arc<ServiceEndpoints>>,
 }
 
 impl LocalState {
+    /// A state of `services` in any order (sorted here).
+    pub fn new(services: impl IntoIterator<Item = ServiceEndpoints>) -> Self {
+        let mut services: Vec<Arc<ServiceEndpoints>> = services.into_iter().map(Arc::new).collect();
+        services.sort_by(|a, b| a.service.key.cmp(&b.service.key));
+        LocalState { services }
+    }
+
     pub fn endpoint_count(&self) -> usize {
         self.services.iter().map(|s| s.endpoints.len()).sum()
     }
@@ -167,7 +180,7 @@ impl LocalState {
         self.services
             .binary_search_by(|s| s.service.key.cmp(key))
             .ok()
-            .map(|i| &self.services[i])
+            .map(|i| &*self.services[i])
     }
 }
 
@@ -191,7 +204,7 @@ pub fn for_each_changed<'a>(
                 a.next();
             }
             (None, Some(y)) => {
-                f(&y.service.key, Some(y));
+                f(&y.service.key, Some(&**y));
                 b.next();
             }
             (Some(x), Some(y)) => match x.service.key.cmp(&y.service.key) {
@@ -200,12 +213,12 @@ pub fn for_each_changed<'a>(
                     a.next();
                 }
                 Ordering::Greater => {
-                    f(&y.service.key, Some(y));
+                    f(&y.service.key, Some(&**y));
                     b.next();
                 }
                 Ordering::Equal => {
-                    if x != y {
-                        f(&y.service.key, Some(y));
+                    if !Arc::ptr_eq(x, y) && x != y {
+                        f(&y.service.key, Some(&**y));
                     }
                     a.next();
                     b.next();

@@ -9,10 +9,12 @@
 pub mod claims;
 pub mod cluster;
 pub mod compute;
+pub mod incremental;
 pub mod local;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use cluster::*;
 pub use compute::{compute, NodeContext};
+pub use incremental::{Model, Recomputed};
 pub use local::*;

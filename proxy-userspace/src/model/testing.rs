@@ -133,7 +133,6 @@ impl ServiceEndpoints {
 }
 
 /// A state of `services`, sorted as `compute` sorts it.
-pub fn state(mut services: Vec<ServiceEndpoints>) -> LocalState {
-    services.sort_by(|a, b| a.service.key.cmp(&b.service.key));
-    LocalState { services }
+pub fn state(services: Vec<ServiceEndpoints>) -> LocalState {
+    LocalState::new(services)
 }

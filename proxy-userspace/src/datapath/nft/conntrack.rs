@@ -609,7 +609,7 @@ mod tests {
     #[test]
     fn at_start_entries_not_reaching_a_current_endpoint_go() {
         let se = udp(web(vec![endpoint("10.244.1.11", true)], None));
-        let state = LocalState { services: vec![se] };
+        let state = LocalState::new([se]);
         let flushes = plan_startup(&state);
         assert_eq!(
             flushes,
@@ -619,9 +619,7 @@ mod tests {
                 endpoints: ["10.244.1.11".parse().unwrap()].into()
             }]
         );
-        let empty = LocalState {
-            services: vec![udp(web(vec![], None))],
-        };
+        let empty = LocalState::new([udp(web(vec![], None))]);
         assert!(plan_startup(&empty).is_empty());
     }
 

@@ -1,0 +1,244 @@
+//! The incremental model: the syncer's [`ClusterState`] plus the indexes
+//! that tell which Services an object change touches, and the last
+//! computed view of every Service. A change marks only the Services it
+//! touches; [`Model::recompute`] recomputes just those with
+//! [`compute`](super::compute)'s own per-Service function, so the work is
+//! proportional to the change, not to the cluster, and every Service that
+//! did not change is shared (the same `Arc`) with the previous state.
+//!
+//! What touches what:
+//! * a Service: itself;
+//! * an EndpointSlice: the Service its `kubernetes.io/service-name` label
+//!   names, before and after the change (a relabelled slice moves);
+//! * this node's Node: every Service when its zone changes (topology
+//!   hints depend on it), none otherwise; other Nodes and Pods: none (Pods
+//!   feed PodInfo, not the state).
+//!
+//! The result equals [`compute`](super::compute) of the same cluster state
+//! (a property test checks random change sequences).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use super::cluster::{Change, ClusterState, EndpointSlice, Node, ObjectKey, ObjectKind};
+use super::compute::{service_view, Env, NodeContext};
+use super::local::{LocalState, ServiceEndpoints};
+
+/// Above this many touched Services a recompute rebuilds the service list
+/// in one merge instead of inserting and removing one at a time.
+const MERGE_THRESHOLD: usize = 64;
+
+/// The cluster state with its indexes and the current per-Service view.
+#[derive(Debug)]
+pub struct Model {
+    node: NodeContext,
+    cluster: ClusterState,
+    /// Service → the slices whose service-name label names it (slice keys
+    /// sort by name within the Service's namespace: slice-name order).
+    slices_of: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
+    /// The current view, sorted by key: what [`Model::state`] hands out.
+    services: Vec<Arc<ServiceEndpoints>>,
+    /// Services touched since the last recompute.
+    dirty: BTreeSet<ObjectKey>,
+    /// Every Service is touched (this node's zone changed).
+    all_dirty: bool,
+}
+
+/// What a recompute changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Recomputed {
+    /// Keys of the Services whose view differs from before (added,
+    /// changed or gone), sorted.
+    pub changed: Vec<ObjectKey>,
+}
+
+impl Model {
+    pub fn new(node: NodeContext) -> Self {
+        Model {
+            node,
+            cluster: ClusterState::default(),
+            slices_of: HashMap::new(),
+            services: Vec::new(),
+            dirty: BTreeSet::new(),
+            all_dirty: false,
+        }
+    }
+
+    /// The objects as the sources reported them.
+    pub fn cluster(&self) -> &ClusterState {
+        &self.cluster
+    }
+
+    /// The state as of the last [`Model::recompute`]: one pointer per
+    /// Service, shared with every earlier state that has the same Service.
+    pub fn state(&self) -> LocalState {
+        LocalState {
+            services: self.services.clone(),
+        }
+    }
+
+    /// Applies one change; returns whether the cluster state differs
+    /// afterwards. Marks the Services the change touches.
+    pub fn apply(&mut self, change: Change) -> bool {
+        let r = change.object_ref();
+        let slice_owner_before = match r.kind {
+            ObjectKind::EndpointSlice => self
+                .cluster
+                .endpoint_slices
+                .get(&r.key)
+                .and_then(EndpointSlice::service_key),
+            _ => None,
+        };
+        let zone_before = self.own_zone();
+        if !self.cluster.apply(change) {
+            return false;
+        }
+        match r.kind {
+            ObjectKind::Service => {
+                self.dirty.insert(r.key);
+            }
+            ObjectKind::EndpointSlice => {
+                let owner_after = self
+                    .cluster
+                    .endpoint_slices
+                    .get(&r.key)
+                    .and_then(EndpointSlice::service_key);
+                if let Some(before) = slice_owner_before {
+                    if let Some(set) = self.slices_of.get_mut(&before) {
+                        set.remove(&r.key);
+                        if set.is_empty() {
+                            self.slices_of.remove(&before);
+                        }
+                    }
+                    self.dirty.insert(before);
+                }
+                if let Some(after) = owner_after {
+                    self.slices_of
+                        .entry(after.clone())
+                        .or_default()
+                        .insert(r.key);
+                    self.dirty.insert(after);
+                }
+            }
+            ObjectKind::Node => {
+                if r.key.name == self.node.node_name && self.own_zone() != zone_before {
+                    self.all_dirty = true;
+                }
+            }
+            ObjectKind::Pod => {}
+        }
+        true
+    }
+
+    fn own_zone(&self) -> Option<String> {
+        self.cluster
+            .nodes
+            .get(&self.node.node_name)
+            .and_then(Node::zone)
+            .map(str::to_owned)
+    }
+
+    /// Recomputes the Services touched since the last call and returns
+    /// which of them changed; [`Model::state`] then returns the new state.
+    pub fn recompute(&mut self) -> Recomputed {
+        let touched: Vec<ObjectKey> = if std::mem::take(&mut self.all_dirty) {
+            self.dirty.clear();
+            let mut all: BTreeSet<ObjectKey> = self.cluster.services.keys().cloned().collect();
+            all.extend(self.services.iter().map(|s| s.service.key.clone()));
+            all.into_iter().collect()
+        } else {
+            std::mem::take(&mut self.dirty).into_iter().collect()
+        };
+        let env = Env::new(&self.cluster, &self.node);
+        let views: Vec<(ObjectKey, Option<ServiceEndpoints>)> = touched
+            .into_iter()
+            .map(|key| {
+                let view = self.view(&key, &env);
+                (key, view)
+            })
+            .collect();
+        let mut changed = Vec::new();
+        if views.len() > MERGE_THRESHOLD {
+            self.merge(views, &mut changed);
+        } else {
+            for (key, view) in views {
+                self.place(key, view, &mut changed);
+            }
+        }
+        Recomputed { changed }
+    }
+
+    /// One Service's view from the current cluster state.
+    fn view(&self, key: &ObjectKey, env: &Env) -> Option<ServiceEndpoints> {
+        let svc = self.cluster.services.get(key)?;
+        let slices: Vec<&EndpointSlice> = self
+            .slices_of
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.cluster.endpoint_slices.get(k))
+            .collect();
+        service_view(svc, &slices, env)
+    }
+
+    /// Puts one recomputed view in place (binary search, insert/remove).
+    fn place(
+        &mut self,
+        key: ObjectKey,
+        view: Option<ServiceEndpoints>,
+        changed: &mut Vec<ObjectKey>,
+    ) {
+        let at = self.services.binary_search_by(|s| s.service.key.cmp(&key));
+        match (at, view) {
+            (Ok(i), Some(v)) => {
+                if *self.services[i] != v {
+                    self.services[i] = Arc::new(v);
+                    changed.push(key);
+                }
+            }
+            (Ok(i), None) => {
+                self.services.remove(i);
+                changed.push(key);
+            }
+            (Err(i), Some(v)) => {
+                self.services.insert(i, Arc::new(v));
+                changed.push(key);
+            }
+            (Err(_), None) => {}
+        }
+    }
+
+    /// Merges many recomputed views (sorted by key) into the service list
+    /// in one pass.
+    fn merge(
+        &mut self,
+        views: Vec<(ObjectKey, Option<ServiceEndpoints>)>,
+        changed: &mut Vec<ObjectKey>,
+    ) {
+        use std::cmp::Ordering;
+        let old = std::mem::take(&mut self.services);
+        let mut out: Vec<Arc<ServiceEndpoints>> = Vec::with_capacity(old.len() + views.len());
+        let mut old = old.into_iter().peekable();
+        for (key, view) in views {
+            while let Some(o) = old.next_if(|o| o.service.key < key) {
+                out.push(o);
+            }
+            let existing = old.next_if(|o| o.service.key.cmp(&key) == Ordering::Equal);
+            match (existing, view) {
+                (Some(o), Some(v)) if *o == v => out.push(o),
+                (_, Some(v)) => {
+                    out.push(Arc::new(v));
+                    changed.push(key);
+                }
+                (Some(_), None) => changed.push(key),
+                (None, None) => {}
+            }
+        }
+        out.extend(old);
+        self.services = out;
+    }
+}
+
+#[cfg(test)]
+#[path = "incremental_tests.rs"]
+mod tests;
