@@ -114,7 +114,15 @@ async fn fan_out(state: LocalState) -> (Duration, Duration) {
 
     let mut streams = Vec::new();
     for c in &channels {
-        let mut s = call(c.clone(), "Watch", pb::WatchRequest { instance_id: 0, rev: 0 }).await;
+        let mut s = call(
+            c.clone(),
+            "Watch",
+            pb::WatchRequest {
+                instance_id: 0,
+                rev: 0,
+            },
+        )
+        .await;
         assert_eq!(read_watch_frame(&mut s).await, rev);
         streams.push(s);
     }
@@ -170,7 +178,15 @@ fn next_all(channels: &[Channel], rev: u64) -> JoinSet<u64> {
     for c in channels {
         let c = c.clone();
         set.spawn(async move {
-            let mut s = call(c, "Next", pb::NextFilter { instance_id: 1, rev }).await;
+            let mut s = call(
+                c,
+                "Next",
+                pb::NextFilter {
+                    instance_id: 1,
+                    rev,
+                },
+            )
+            .await;
             let head = s.message().await.expect("next").expect("head item");
             let got = match pb::NextItem::decode(head).expect("decode").item {
                 Some(pb::next_item::Item::Next(n)) => n.rev,

@@ -13,13 +13,21 @@ use tokio_stream::StreamExt;
 const SERVICES: usize = 1_000;
 const ENDPOINTS: usize = 20;
 
-/// `SERVICES` services of `ENDPOINTS` endpoints each; the first service's
-/// first endpoint is `10.200.0.<variant>`, so each variant is a new state.
-fn cluster(variant: u8) -> String {
+/// Services per manifest file (a file holds at most 1,024 documents).
+const PER_FILE: usize = 250;
+
+/// Manifest file `n` of the cluster: services `n * PER_FILE..` of
+/// `ENDPOINTS` endpoints each; the first service's first endpoint is
+/// `10.200.0.<variant>`, so each variant of file 0 is a new state.
+fn cluster_file(n: usize, variant: u8) -> String {
     let mut out = String::new();
-    for s in 0..SERVICES {
+    for s in n * PER_FILE..(n + 1) * PER_FILE {
         let name = format!("svc-{s}");
-        out.push_str(&service("fan", &name, &format!("10.96.{}.{}", s / 250, s % 250 + 1)));
+        out.push_str(&service(
+            "fan",
+            &name,
+            &format!("10.96.{}.{}", s / 250, s % 250 + 1),
+        ));
         out.push_str("---\n");
         let ips: Vec<String> = (0..ENDPOINTS)
             .map(|e| match (s, e) {
@@ -59,7 +67,10 @@ async fn watch_frame(
         }
     }
     let end = next().await;
-    assert!(matches!(end, Event::End(_)), "a frame ends with end: {end:?}");
+    assert!(
+        matches!(end, Event::End(_)),
+        "a frame ends with end: {end:?}"
+    );
     (begin, services)
 }
 
@@ -69,13 +80,34 @@ async fn watch_frame(
 /// that a fresh `Next` returns, within a few seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_watchers_get_the_same_new_revision_promptly() {
-    let d = Daemon::start(&[("fan.yaml", &cluster(1))]);
-    let first = client::next(&mut d.tcp().await, 0, 0).await.unwrap();
-    assert_eq!(first.services.len(), SERVICES);
+    let files: Vec<(String, String)> = (0..SERVICES / PER_FILE)
+        .map(|n| (format!("fan-{n}.yaml"), cluster_file(n, 1)))
+        .collect();
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(n, c)| (n.as_str(), c.as_str()))
+        .collect();
+    let d = Daemon::start(&refs);
+    let mut c = d.tcp().await;
+    let mut first = client::next(&mut c, 0, 0).await.unwrap();
+    // The first revision may come before the whole file is read.
+    while first.services.len() < SERVICES {
+        first = tokio::time::timeout(
+            Duration::from_secs(30),
+            client::next(&mut c, first.instance_id, first.rev),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("never all {SERVICES} services:\n{}", d.log_text()))
+        .unwrap();
+    }
 
     let mut waiters = tokio::task::JoinSet::new();
     for i in 0..100 {
-        let mut c = if i % 4 < 2 { d.tcp().await } else { d.unix().await };
+        let mut c = if i % 4 < 2 {
+            d.tcp().await
+        } else {
+            d.unix().await
+        };
         if i % 2 == 0 {
             let mut stream = common::watch_all(&mut c).await;
             let (begin, _) = watch_frame(&mut stream).await;
@@ -99,7 +131,7 @@ async fn a_hundred_watchers_get_the_same_new_revision_promptly() {
     // Every call is parked on the server before the change.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    write_atomic(&d.manifest("fan.yaml"), &cluster(2));
+    write_atomic(&d.manifest("fan-0.yaml"), &cluster_file(0, 2));
     let changed = Instant::now();
     let mut received = Vec::new();
     let all = tokio::time::timeout(Duration::from_secs(60), async {
@@ -108,24 +140,38 @@ async fn a_hundred_watchers_get_the_same_new_revision_promptly() {
         }
     })
     .await;
-    assert!(all.is_ok(), "only {} of 100 watchers got the new revision", received.len());
+    assert!(
+        all.is_ok(),
+        "only {} of 100 watchers got the new revision",
+        received.len()
+    );
 
     let now = client::next(&mut d.tcp().await, 0, 0).await.unwrap();
-    assert_eq!((now.instance_id, now.rev), (first.instance_id, first.rev + 1));
     assert_eq!(
-        now.services[0].endpoints[0].ip, "10.200.0.2",
+        (now.instance_id, now.rev),
+        (first.instance_id, first.rev + 1)
+    );
+    assert!(
+        now.services
+            .iter()
+            .flat_map(|s| &s.endpoints)
+            .any(|e| e.ip == "10.200.0.2"),
         "the change is in the new state"
     );
     let mut last = changed;
     for (at, instance_id, rev, services) in received {
         assert_eq!((instance_id, rev), (now.instance_id, now.rev));
-        assert!(services == now.services, "a watcher got other content than Next returns");
+        assert!(
+            services == now.services,
+            "a watcher got other content than Next returns"
+        );
         last = last.max(at);
     }
     // The file source's own reaction time is part of this; the old server,
     // which converted and encoded the state once per waiting client, took
     // more than 10 s here in a debug build.
     let took = last - changed;
+    eprintln!("the last of 100 watchers got the revision {took:?} after the change");
     assert!(
         took < Duration::from_secs(5),
         "the last of 100 watchers got the revision {took:?} after the change"

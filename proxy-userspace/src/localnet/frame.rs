@@ -38,13 +38,7 @@ impl Frame {
         // Pointer identity is sound: `previous` keeps each of its services
         // alive, so no other service can be at the same address.
         let known: HashMap<*const ServiceEndpoints, &Bytes> = previous
-            .map(|p| {
-                p.sources
-                    .iter()
-                    .map(Arc::as_ptr)
-                    .zip(&p.services)
-                    .collect()
-            })
+            .map(|p| p.sources.iter().map(Arc::as_ptr).zip(&p.services).collect())
             .unwrap_or_default();
         let services = s
             .state
@@ -82,9 +76,7 @@ impl Frame {
         instance_id: u64,
     ) -> impl Iterator<Item = Result<Encoded, Status>> + Send {
         use pb::watch_event::Event;
-        let event = |e| {
-            Ok(Encoded::message(&pb::WatchEvent { event: Some(e) }))
-        };
+        let event = |e| Ok(Encoded::message(&pb::WatchEvent { event: Some(e) }));
         let begin = event(Event::Begin(pb::StateBegin {
             instance_id,
             rev: self.rev,
@@ -96,9 +88,125 @@ impl Frame {
             .chain(std::iter::once(end))
     }
 
-    fn service_items(
-        self: Arc<Self>,
-    ) -> impl Iterator<Item = Result<Encoded, Status>> + Send {
+    fn service_items(self: Arc<Self>) -> impl Iterator<Item = Result<Encoded, Status>> + Send {
         (0..self.services.len()).map(move |i| Ok(Encoded::Service(self.services[i].clone())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::testing::{endpoint, service, state};
+    use crate::model::EndpointScopes;
+
+    fn snapshot(rev: u64, state: crate::model::LocalState) -> Snapshot {
+        Snapshot {
+            rev,
+            state: Arc::new(state),
+            changed: None,
+        }
+    }
+
+    fn decoded(frame: &Frame) -> Vec<pb::ServiceEndpoints> {
+        frame
+            .services
+            .iter()
+            .map(|b| pb::ServiceEndpoints::decode(b.clone()).expect("decodes"))
+            .collect()
+    }
+
+    #[test]
+    fn each_service_is_its_converted_message() {
+        let s = snapshot(
+            1,
+            state(vec![
+                service("prod", "web", &["10.96.0.10"]).with_endpoints([endpoint(
+                    "10.244.0.1",
+                    8080,
+                    EndpointScopes::default(),
+                )]),
+                service("default", "api", &["10.96.0.11"]),
+            ]),
+        );
+        let frame = Frame::from_snapshot(&s, None);
+        let expected: Vec<_> = s
+            .state
+            .services
+            .iter()
+            .map(|s| convert::service_endpoints(s))
+            .collect();
+        assert_eq!(frame.rev, 1);
+        assert_eq!(decoded(&frame), expected);
+    }
+
+    #[test]
+    fn a_shared_service_reuses_the_previous_bytes_and_a_changed_one_is_encoded() {
+        let first = snapshot(
+            1,
+            state(vec![
+                service("default", "api", &["10.96.0.11"]),
+                service("prod", "web", &["10.96.0.10"]),
+            ]),
+        );
+        let frame1 = Frame::from_snapshot(&first, None);
+        let mut next = (*first.state).clone();
+        next.services[1] = Arc::new(service("prod", "web", &["10.96.0.12"]));
+        let second = snapshot(2, next);
+        let frame2 = Frame::from_snapshot(&second, Some(&frame1));
+
+        // Same allocation: not encoded again.
+        assert_eq!(
+            frame2.services[0].as_ptr(),
+            frame1.services[0].as_ptr(),
+            "the unchanged service was encoded again"
+        );
+        assert_ne!(frame2.services[1], frame1.services[1]);
+        let fresh = Frame::from_snapshot(&second, None);
+        assert_eq!(frame2.services, fresh.services);
+    }
+
+    #[test]
+    fn next_and_watch_items_carry_the_frame() {
+        let s = snapshot(3, state(vec![service("default", "api", &["10.96.0.11"])]));
+        let frame = Arc::new(Frame::from_snapshot(&s, None));
+        let bytes = |e: Result<Encoded, Status>| {
+            let mut out = Vec::new();
+            e.expect("ok").write(&mut out);
+            out
+        };
+        let next: Vec<_> = frame.clone().next_items(9).map(bytes).collect();
+        let items: Vec<_> = next
+            .iter()
+            .map(|b| pb::NextItem::decode(b.as_slice()).expect("decodes").item)
+            .collect();
+        let api = convert::service_endpoints(&s.state.services[0]);
+        assert_eq!(
+            items,
+            [
+                Some(pb::next_item::Item::Next(pb::NextFilter {
+                    instance_id: 9,
+                    rev: 3
+                })),
+                Some(pb::next_item::Item::Endpoints(api.clone())),
+            ]
+        );
+        use pb::watch_event::Event;
+        let events: Vec<_> = frame
+            .watch_items(9)
+            .map(bytes)
+            .map(|b| pb::WatchEvent::decode(b.as_slice()).expect("decodes").event)
+            .collect();
+        assert_eq!(
+            events,
+            [
+                Some(Event::Begin(pb::StateBegin {
+                    instance_id: 9,
+                    rev: 3,
+                    service_count: 1
+                })),
+                Some(Event::Service(api)),
+                Some(Event::End(pb::StateEnd {})),
+            ]
+        );
     }
 }

@@ -3,8 +3,8 @@
 
 pub mod client;
 pub mod convert;
-pub mod metrics;
 pub mod frame;
+pub mod metrics;
 pub mod render;
 pub mod server;
 pub mod wire;

@@ -60,8 +60,10 @@ pub type EncodedStream = Pin<Box<dyn Stream<Item = Result<Encoded, Status>> + Se
 /// The two calls of `localnet.v1.Endpoints`.
 #[tonic::async_trait]
 pub trait Endpoints: Clone + Send + Sync + 'static {
-    async fn next(&self, request: Request<pb::NextFilter>)
-        -> Result<Response<EncodedStream>, Status>;
+    async fn next(
+        &self,
+        request: Request<pb::NextFilter>,
+    ) -> Result<Response<EncodedStream>, Status>;
     async fn watch(
         &self,
         request: Request<pb::WatchRequest>,
@@ -101,12 +103,12 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let api = self.api.clone();
         match req.uri().path() {
-            "/localnet.v1.Endpoints/Next" => Box::pin(async move {
-                Ok(grpc().server_streaming(Next(api), req).await)
-            }),
-            "/localnet.v1.Endpoints/Watch" => Box::pin(async move {
-                Ok(grpc().server_streaming(Watch(api), req).await)
-            }),
+            "/localnet.v1.Endpoints/Next" => {
+                Box::pin(async move { Ok(grpc().server_streaming(Next(api), req).await) })
+            }
+            "/localnet.v1.Endpoints/Watch" => {
+                Box::pin(async move { Ok(grpc().server_streaming(Watch(api), req).await) })
+            }
             _ => Box::pin(async { Ok(Status::unimplemented("").into_http()) }),
         }
     }
