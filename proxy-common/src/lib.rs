@@ -39,7 +39,10 @@ pub const MAP_REVNAT: &str = "EKP_REVNAT";
 pub const MAP_AFFINITY: &str = "EKP_AFFINITY";
 pub const MAP_STATS: &str = "EKP_STATS";
 
-/// Capacities. The daemon reports "map full" instead of truncating.
+/// Capacities in the object. The daemon creates `EKP_SERVICES` and
+/// `EKP_BACKENDS` itself with `--ebpf-map-size` entries (unpreallocated)
+/// before loading, so those two are only the object's defaults. The daemon
+/// reports "map full" instead of truncating.
 pub const MAX_SERVICE_ENTRIES: u32 = 262_144;
 pub const MAX_BACKENDS: u32 = 262_144;
 pub const MAX_REVNAT: u32 = 262_144;

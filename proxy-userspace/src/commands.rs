@@ -185,6 +185,7 @@ fn datapath_config(flags: &DaemonFlags) -> DatapathConfig {
         mode: flags.proxy_mode,
         bpffs_root: flags.bpffs_root.clone(),
         cgroup_path: (!cgroup.is_empty()).then(|| cgroup.into()),
+        ebpf_map_size: flags.ebpf_map_size,
         cluster_cidrs: Vec::new(),
         masquerade_all: false,
         nodeport_addresses: Vec::new(),

@@ -322,6 +322,7 @@ fn select_datapath(config: &Config) -> anyhow::Result<(Box<dyn Datapath>, Datapa
         mode: config.proxy_mode,
         bpffs_root: config.bpffs_root.clone(),
         cgroup_path: config.cgroup_path.clone(),
+        ebpf_map_size: config.ebpf_map_size,
         cluster_cidrs: config.cluster_cidrs.clone(),
         masquerade_all: config.masquerade_all,
         nodeport_addresses: config.nodeport_addresses.clone(),

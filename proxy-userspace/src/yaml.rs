@@ -3,6 +3,10 @@
 //! duplicate keys are an error, `yes`/`on` stay strings (YAML 1.2 booleans
 //! only, as the API server reads them), alias expansion and nesting are
 //! bounded by the parser's budget, and an error is one line naming where.
+//!
+//! A multi-document stream is budgeted per document: one manifest file may
+//! hold any number of objects (the file size is capped by the file
+//! source), while each document stays bounded as a single one is.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -22,10 +26,13 @@ pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, Error> {
     serde_saphyr::from_str_with_options(text, options())
 }
 
-/// Every document of a multi-document stream, empty ones left out.
+/// Every document of a multi-document stream, empty ones left out; the
+/// first error fails the whole stream.
 pub fn documents(text: &str) -> Result<Vec<serde_json::Value>, Error> {
-    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple_with_options(text, options())?;
-    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+    let mut reader = text.as_bytes();
+    serde_saphyr::read_with_options::<_, serde_json::Value>(&mut reader, options())
+        .filter(|d| !matches!(d, Ok(serde_json::Value::Null)))
+        .collect()
 }
 
 /// A value as a YAML document.
@@ -56,6 +63,18 @@ mod tests {
             docs,
             [serde_json::json!({"a": 1}), serde_json::json!({"b": 2})]
         );
+    }
+
+    #[test]
+    fn a_stream_may_hold_more_documents_than_one_documents_budget() {
+        let text = "a: 1\n---\n".repeat(5000);
+        assert_eq!(documents(&text).unwrap().len(), 5000);
+    }
+
+    #[test]
+    fn an_error_in_a_later_document_fails_the_stream() {
+        assert!(documents("a: 1\n---\nb: [\n").is_err());
+        assert!(documents("a: 1\n---\nb: 1\nb: 2\n").is_err());
     }
 
     #[test]

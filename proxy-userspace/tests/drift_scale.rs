@@ -133,6 +133,7 @@ fn ebpf_check_at_10k_services_is_clean_and_fast() {
     let dp = EbpfDatapath::open(&EbpfConfig {
         bpffs_root: place.bpffs.clone(),
         cgroup_path: Some(place.cgroup.clone()),
+        map_size: ebpf::generation::DEFAULT_MAP_SIZE,
     })
     .expect("open the eBPF datapath");
     let mut dp = Applier::new(Box::new(dp));

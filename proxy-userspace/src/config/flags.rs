@@ -152,6 +152,16 @@ pub struct DaemonFlags {
     #[arg(global = true, long, value_name = "DIR", default_value = "")]
     pub cgroup_path: String,
 
+    /// Capacity (entries) of each of the eBPF datapath's services map (one
+    /// entry per service port plus one per endpoint behind it) and backends
+    /// map (one per distinct endpoint address and port). Entries are
+    /// allocated as they are written, so a large size costs little until
+    /// it is used; a pinned map of another size is replaced at start
+    /// without a gap in service. The default holds 100k services with 1M
+    /// endpoints.
+    #[arg(global = true, long, value_name = "N", default_value_t = crate::datapath::ebpf::generation::DEFAULT_MAP_SIZE, value_parser = clap::value_parser!(u32).range(1024..=crate::datapath::ebpf::generation::MAX_MAP_SIZE as i64))]
+    pub ebpf_map_size: u32,
+
     /// Resync period; the health timeout is twice this.
     #[arg(global = true, long, value_name = "DURATION", default_value = "30s")]
     #[serde(serialize_with = "go_duration")]

@@ -56,6 +56,8 @@ pub struct Config {
     pub podinfo_socket: Option<PathBuf>,
     pub bpffs_root: PathBuf,
     pub cgroup_path: Option<PathBuf>,
+    /// `--ebpf-map-size`.
+    pub ebpf_map_size: u32,
     pub sync_period: Duration,
     pub nodeport_addresses: Vec<Cidr>,
     /// `--masquerade-all` (nftables).
@@ -198,6 +200,7 @@ impl Config {
             podinfo_socket: optional_path(&f.podinfo_socket),
             bpffs_root: f.bpffs_root.clone(),
             cgroup_path: optional_path(&f.cgroup_path),
+            ebpf_map_size: f.ebpf_map_size,
             sync_period,
             nodeport_addresses,
             masquerade_all: f.masquerade_all,

@@ -157,6 +157,8 @@ pub struct DatapathConfig {
     pub bpffs_root: PathBuf,
     /// `None`: the cgroup v2 root.
     pub cgroup_path: Option<PathBuf>,
+    /// `--ebpf-map-size`: entries of the eBPF services and backends maps.
+    pub ebpf_map_size: u32,
     /// `--cluster-cidr`: nftables masquerades traffic to services from
     /// outside these.
     pub cluster_cidrs: Vec<Cidr>,
@@ -183,6 +185,7 @@ pub fn select(
     let ebpf_config = ebpf::EbpfConfig {
         bpffs_root: config.bpffs_root.clone(),
         cgroup_path: config.cgroup_path.clone(),
+        map_size: config.ebpf_map_size,
     };
     let choice = |mode, fallback: Option<&ebpf::EbpfError>| DatapathChoice {
         mode,

@@ -99,7 +99,7 @@ fn service(n: u8, name: u8, v: u16) -> Service {
         ],
     };
     let mut labels = BTreeMap::new();
-    if (v >> 6) % 8 == 0 {
+    if (v >> 6).is_multiple_of(8) {
         labels.insert(LABEL_SERVICE_PROXY_NAME.to_owned(), "other".to_owned());
     }
     let local = |bit: u16| {

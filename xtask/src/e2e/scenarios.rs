@@ -150,6 +150,10 @@ pub fn all() -> Vec<Scenario> {
             name: "caps-daemon-runs-with-only-the-needed-capabilities",
             run: caps::daemon_runs_with_only_the_needed_capabilities,
         },
+        Scenario {
+            name: "scale-50k-services-250k-endpoints-programmed-and-served",
+            run: scale::fifty_thousand_services_programmed_and_served,
+        },
     ]
 }
 
@@ -162,6 +166,7 @@ mod drift;
 mod external;
 mod manifests;
 mod restart;
+mod scale;
 
 use client::*;
 use clusterip::*;

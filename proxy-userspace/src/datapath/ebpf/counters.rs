@@ -62,3 +62,37 @@ impl Collector for StatsCollector {
         self.family.collect()
     }
 }
+
+/// Capacity of the sized maps and plans refused because a map would
+/// overflow, by map.
+#[derive(Clone)]
+pub struct CapacityMetrics {
+    pub capacity: prometheus::IntGaugeVec,
+    pub full: prometheus::IntCounterVec,
+}
+
+impl CapacityMetrics {
+    pub fn new() -> Result<Self, prometheus::Error> {
+        Ok(CapacityMetrics {
+            capacity: prometheus::IntGaugeVec::new(
+                Opts::new(
+                    "ebpf_kube_proxy_datapath_map_capacity",
+                    "[ALPHA] Entries the eBPF map can hold (--ebpf-map-size), by map; compare with ebpf_kube_proxy_datapath_map_entries.",
+                ),
+                &["map"],
+            )?,
+            full: IntCounterVec::new(
+                Opts::new(
+                    "ebpf_kube_proxy_datapath_map_full_total",
+                    "[ALPHA] Applies refused because the state did not fit an eBPF map (the programmed state was kept; raise --ebpf-map-size), by map.",
+                ),
+                &["map"],
+            )?,
+        })
+    }
+
+    pub fn register(&self, registry: &prometheus::Registry) -> Result<(), prometheus::Error> {
+        registry.register(Box::new(self.capacity.clone()))?;
+        registry.register(Box::new(self.full.clone()))
+    }
+}

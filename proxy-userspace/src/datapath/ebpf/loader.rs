@@ -24,6 +24,7 @@ use proxy_common::{
     MAX_REVNAT, MAX_SERVICE_ENTRIES, STAT_COUNT,
 };
 
+use super::generation::{self, SIZED_MAPS};
 use super::maps::KernelMaps;
 use super::{chain, EbpfConfig, EbpfError, BPFFS_MOUNT};
 
@@ -39,7 +40,8 @@ pub const PROGRAMS: [&str; 8] = [
     "ekp_getpeername6",
 ];
 
-/// Every map with the key size, value size and capacity this binary uses.
+/// Every map with the key size, value size and capacity this binary uses
+/// (the capacity of [`SIZED_MAPS`] is `--ebpf-map-size` instead).
 pub const MAPS: [(&str, usize, usize, u32); 5] = [
     (
         MAP_SERVICES,
@@ -330,7 +332,8 @@ fn classify(
 }
 
 /// Refuses pinned maps whose shape differs from this binary's (a
-/// different layout would be misread by the new programs).
+/// different layout would be misread by the new programs). The capacity
+/// of [`SIZED_MAPS`] may differ: [`generation`] replaces them.
 fn check_pinned_maps(root: &Path) -> Result<(), EbpfError> {
     for (name, key, value, capacity) in MAPS {
         let path = root.join(name);
@@ -345,10 +348,11 @@ fn check_pinned_maps(root: &Path) -> Result<(), EbpfError> {
         let info = MapData::from_pin(&path)
             .and_then(|m| m.info())
             .map_err(|e| incompatible(chain(&e)))?;
+        let sized = SIZED_MAPS.contains(&name);
         let got = (
             info.key_size() as usize,
             info.value_size() as usize,
-            info.max_entries(),
+            if sized { capacity } else { info.max_entries() },
         );
         if got != (key, value, capacity) {
             return Err(incompatible(format!(
@@ -377,9 +381,48 @@ pub fn load_and_attach(object: &[u8], config: &EbpfConfig) -> Result<Attached, E
     let cgroup = resolve_cgroup(config, &mounts)?;
     let root = ensure_bpffs(&config.bpffs_root)?;
     check_pinned_maps(&root)?;
+    let prepared = generation::prepare(&root, config.map_size)?;
+    let mut attached_any = false;
+    let result = load_and_attach_prepared(object, &cgroup, &root, &prepared, &mut attached_any);
+    if prepared.replacing.is_some() {
+        // Once a hook runs a program of the new generation, that generation
+        // is the one to keep (a retry then finds it pinned and fitting and
+        // attaches the remaining hooks to it).
+        if attached_any {
+            generation::promote(&root)?;
+        } else {
+            generation::discard_next(&root);
+        }
+    }
+    let (maps, replaced) = result?;
+    if let Some((from, to)) = prepared.replacing {
+        tracing::info!(
+            from,
+            to,
+            "eBPF services/backends maps replaced by a new generation"
+        );
+    }
+    Ok(Attached {
+        maps,
+        cgroup,
+        replaced_links: replaced,
+    })
+}
 
-    let mut ebpf = EbpfLoader::new()
-        .default_map_pin_directory(&root)
+fn load_and_attach_prepared(
+    object: &[u8],
+    cgroup: &Path,
+    root: &Path,
+    prepared: &generation::Prepared,
+    attached_any: &mut bool,
+) -> Result<(KernelMaps, usize), EbpfError> {
+    let cgroup = cgroup.to_path_buf();
+    let mut loader = EbpfLoader::new();
+    loader.default_map_pin_directory(root);
+    for (name, pin) in &prepared.pins {
+        loader.map_pin_path(name, pin.as_path());
+    }
+    let mut ebpf = loader
         .load(object)
         .map_err(|e| classify(&e, EbpfError::Load))?;
     let cgroup_dir = File::open(&cgroup).map_err(|e| EbpfError::CgroupPath {
@@ -447,6 +490,7 @@ pub fn load_and_attach(object: &[u8], config: &EbpfConfig) -> Result<Attached, E
             path: fresh.clone(),
             reason: chain(&e),
         })?);
+        *attached_any = true;
         // The old link (if any) detaches when its pin is replaced: rename
         // over it is atomic, so the program is never missing.
         if pin.exists() {
@@ -460,11 +504,7 @@ pub fn load_and_attach(object: &[u8], config: &EbpfConfig) -> Result<Attached, E
     }
 
     let maps = KernelMaps::take(&mut ebpf)?;
-    Ok(Attached {
-        maps,
-        cgroup,
-        replaced_links: replaced,
-    })
+    Ok((maps, replaced))
 }
 
 fn tail(log: &str, lines: usize) -> String {
@@ -553,6 +593,7 @@ pub fn cleanup(bpffs_root: &Path) -> Result<CleanupReport, EbpfError> {
             report.maps.push(name.to_owned());
         }
     }
+    generation::discard_next(&root);
     let mounts = mounts();
     let own_mount = root != Path::new(BPFFS_MOUNT)
         && mounts
@@ -681,6 +722,7 @@ mod tests {
         let cfg = EbpfConfig {
             bpffs_root: PathBuf::from("/sys/fs/bpf/x"),
             cgroup_path: Some(PathBuf::from("/sys/fs/cgroup")),
+            map_size: generation::DEFAULT_MAP_SIZE,
         };
         let e = resolve_cgroup(&cfg, &m).unwrap_err().to_string();
         assert!(e.contains("its filesystem is tmpfs, not cgroup2"), "{e}");

@@ -1,16 +1,21 @@
 //! The maps in the kernel: runs [`plan::Op`]s against them (each op is
 //! recorded in the view only once the kernel took it), reads them back to
 //! rebuild the view on start, and opens them from their pins for `dump`.
+//!
+//! Consecutive writes to one map go to the kernel as one batch
+//! ([`super::batch`]), in plan order.
 
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 
-use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{HashMap, IterableMap, Map, MapData, MapError, PerCpuArray};
 use aya::Ebpf;
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, ServiceKey, ServiceValue, MAP_AFFINITY, MAP_BACKENDS,
-    MAP_SERVICES, MAP_STATS, MAX_BACKENDS, MAX_SERVICE_ENTRIES,
+    MAP_SERVICES, MAP_STATS,
 };
 
+use super::batch::{self, BatchError};
 use super::codec::{BackendAddr, Vip};
 use super::plan::{Op, Programmed};
 use super::{chain, EbpfError};
@@ -20,6 +25,15 @@ pub struct KernelMaps {
     services: HashMap<MapData, ServiceKey, ServiceValue>,
     backends: HashMap<MapData, u32, Backend>,
     affinity: HashMap<MapData, AffinityKey, AffinityValue>,
+    /// Capacities (max_entries) of the services and backends maps.
+    pub capacity: Capacity,
+}
+
+/// Entries the services and backends maps hold at most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    pub services: u32,
+    pub backends: u32,
 }
 
 fn map_err(map: &'static str, op: &'static str, e: &MapError) -> EbpfError {
@@ -31,12 +45,41 @@ fn map_err(map: &'static str, op: &'static str, e: &MapError) -> EbpfError {
 }
 
 /// E2BIG from an update means the hash map is full.
-fn update_err(map: &'static str, capacity: u32, e: MapError) -> EbpfError {
-    match &e {
-        MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG) => {
-            EbpfError::MapFull { map, capacity }
+fn update_err(map: &'static str, capacity: u32, e: &BatchError) -> EbpfError {
+    if e.error.raw_os_error() == Some(libc::E2BIG) {
+        EbpfError::MapFull {
+            map,
+            capacity,
+            needed: None,
         }
-        _ => map_err(map, "update", &e),
+    } else {
+        EbpfError::Map {
+            map,
+            op: "update",
+            reason: e.error.to_string(),
+        }
+    }
+}
+
+fn delete_err(map: &'static str, e: &BatchError) -> EbpfError {
+    EbpfError::Map {
+        map,
+        op: "delete",
+        reason: e.error.to_string(),
+    }
+}
+
+fn capacity_of(map: &Map, name: &'static str) -> Result<u32, EbpfError> {
+    match map {
+        Map::HashMap(data) => data
+            .info()
+            .map(|i| i.max_entries())
+            .map_err(|e| map_err(name, "info", &e)),
+        _ => Err(EbpfError::Map {
+            map: name,
+            op: "open",
+            reason: "not a hash map".to_owned(),
+        }),
     }
 }
 
@@ -77,19 +120,58 @@ pub fn open_pinned(root: &Path, name: &'static str) -> Result<Map, EbpfError> {
 
 impl KernelMaps {
     pub fn take(ebpf: &mut Ebpf) -> Result<Self, EbpfError> {
-        Ok(KernelMaps {
-            services: hash_map(take(ebpf, MAP_SERVICES)?, MAP_SERVICES)?,
-            backends: hash_map(take(ebpf, MAP_BACKENDS)?, MAP_BACKENDS)?,
-            affinity: hash_map(take(ebpf, MAP_AFFINITY)?, MAP_AFFINITY)?,
-        })
+        let maps = [
+            take(ebpf, MAP_SERVICES)?,
+            take(ebpf, MAP_BACKENDS)?,
+            take(ebpf, MAP_AFFINITY)?,
+        ];
+        Self::new(maps)
     }
 
     pub fn from_pins(root: &Path) -> Result<Self, EbpfError> {
+        let maps = [
+            open_pinned(root, MAP_SERVICES)?,
+            open_pinned(root, MAP_BACKENDS)?,
+            open_pinned(root, MAP_AFFINITY)?,
+        ];
+        Self::new(maps)
+    }
+
+    fn new([services, backends, affinity]: [Map; 3]) -> Result<Self, EbpfError> {
+        let capacity = Capacity {
+            services: capacity_of(&services, MAP_SERVICES)?,
+            backends: capacity_of(&backends, MAP_BACKENDS)?,
+        };
         Ok(KernelMaps {
-            services: hash_map(open_pinned(root, MAP_SERVICES)?, MAP_SERVICES)?,
-            backends: hash_map(open_pinned(root, MAP_BACKENDS)?, MAP_BACKENDS)?,
-            affinity: hash_map(open_pinned(root, MAP_AFFINITY)?, MAP_AFFINITY)?,
+            services: hash_map(services, MAP_SERVICES)?,
+            backends: hash_map(backends, MAP_BACKENDS)?,
+            affinity: hash_map(affinity, MAP_AFFINITY)?,
+            capacity,
         })
+    }
+
+    fn services_fd(&self) -> BorrowedFd<'_> {
+        self.services.map().fd().as_fd()
+    }
+
+    fn backends_fd(&self) -> BorrowedFd<'_> {
+        self.backends.map().fd().as_fd()
+    }
+
+    /// Writes service entries in order, in one batch.
+    pub fn put_services(
+        &mut self,
+        keys: &[ServiceKey],
+        values: &[ServiceValue],
+    ) -> Result<(), EbpfError> {
+        batch::update(self.services_fd(), keys, values)
+            .map_err(|e| update_err(MAP_SERVICES, self.capacity.services, &e))
+    }
+
+    /// Writes backends in order, in one batch.
+    pub fn put_backends(&mut self, ids: &[u32], values: &[Backend]) -> Result<(), EbpfError> {
+        batch::update(self.backends_fd(), ids, values)
+            .map_err(|e| update_err(MAP_BACKENDS, self.capacity.backends, &e))
     }
 
     pub fn service_entries(&self) -> Result<Vec<(ServiceKey, ServiceValue)>, EbpfError> {
@@ -167,52 +249,132 @@ impl KernelMaps {
         Ok(doomed.len())
     }
 
-    fn run(&mut self, op: &Op) -> Result<(), EbpfError> {
-        match op {
-            Op::PutBackend { id, addr } => self
-                .backends
-                .insert(id, addr.value(), 0)
-                .map_err(|e| update_err(MAP_BACKENDS, MAX_BACKENDS, e)),
-            Op::PutSlot {
-                vip,
-                slot,
-                backend_id,
-            } => {
-                let v = ServiceValue {
-                    backend_id: *backend_id,
-                    ..ServiceValue::default()
-                };
-                self.services
-                    .insert(vip.key(*slot), v, 0)
-                    .map_err(|e| update_err(MAP_SERVICES, MAX_SERVICE_ENTRIES, e))
+    /// Runs a run of ops of one [`Kind`]; how many the kernel took, and
+    /// the error that stopped it.
+    fn run(&mut self, kind: Kind, ops: &[Op]) -> (usize, Result<(), EbpfError>) {
+        let all = |r: Result<(), BatchError>, err: &dyn Fn(&BatchError) -> EbpfError| match r {
+            Ok(()) => (ops.len(), Ok(())),
+            Err(e) => (e.done, Err(err(&e))),
+        };
+        match kind {
+            Kind::PutBackends => {
+                let (ids, values): (Vec<u32>, Vec<Backend>) = ops
+                    .iter()
+                    .filter_map(|op| match op {
+                        Op::PutBackend { id, addr } => Some((*id, addr.value())),
+                        _ => None,
+                    })
+                    .unzip();
+                let capacity = self.capacity.backends;
+                all(batch::update(self.backends_fd(), &ids, &values), &|e| {
+                    update_err(MAP_BACKENDS, capacity, e)
+                })
             }
-            Op::PutHeader { vip, header } => self
-                .services
-                .insert(vip.key(0), header.value(), 0)
-                .map_err(|e| update_err(MAP_SERVICES, MAX_SERVICE_ENTRIES, e)),
-            Op::DeleteHeader { vip } => delete_ok(self.services.remove(&vip.key(0)), MAP_SERVICES),
-            Op::DeleteSlot { vip, slot } => {
-                delete_ok(self.services.remove(&vip.key(*slot)), MAP_SERVICES)
+            Kind::PutServices => {
+                let (keys, values): (Vec<ServiceKey>, Vec<ServiceValue>) = ops
+                    .iter()
+                    .filter_map(|op| match op {
+                        Op::PutSlot {
+                            vip,
+                            slot,
+                            backend_id,
+                        } => Some((
+                            vip.key(*slot),
+                            ServiceValue {
+                                backend_id: *backend_id,
+                                ..ServiceValue::default()
+                            },
+                        )),
+                        Op::PutHeader { vip, header } => Some((vip.key(0), header.value())),
+                        _ => None,
+                    })
+                    .unzip();
+                let capacity = self.capacity.services;
+                all(batch::update(self.services_fd(), &keys, &values), &|e| {
+                    update_err(MAP_SERVICES, capacity, e)
+                })
             }
-            Op::DeleteBackend { id } => delete_ok(self.backends.remove(id), MAP_BACKENDS),
-            Op::PurgeAffinity {
-                service_id,
-                backend_ids,
-            } => {
-                let n = self.purge_affinity(*service_id, backend_ids.as_deref())?;
-                tracing::debug!(service_id, purged = n, "affinity entries purged");
-                Ok(())
+            Kind::DeleteServices => {
+                let keys: Vec<ServiceKey> = ops
+                    .iter()
+                    .filter_map(|op| match op {
+                        Op::DeleteHeader { vip } => Some(vip.key(0)),
+                        Op::DeleteSlot { vip, slot } => Some(vip.key(*slot)),
+                        _ => None,
+                    })
+                    .collect();
+                all(batch::delete(self.services_fd(), &keys), &|e| {
+                    delete_err(MAP_SERVICES, e)
+                })
+            }
+            Kind::DeleteBackends => {
+                let ids: Vec<u32> = ops
+                    .iter()
+                    .filter_map(|op| match op {
+                        Op::DeleteBackend { id } => Some(*id),
+                        _ => None,
+                    })
+                    .collect();
+                all(batch::delete(self.backends_fd(), &ids), &|e| {
+                    delete_err(MAP_BACKENDS, e)
+                })
+            }
+            Kind::Affinity => {
+                for (i, op) in ops.iter().enumerate() {
+                    if let Op::PurgeAffinity {
+                        service_id,
+                        backend_ids,
+                    } = op
+                    {
+                        match self.purge_affinity(*service_id, backend_ids.as_deref()) {
+                            Ok(n) => {
+                                tracing::debug!(service_id, purged = n, "affinity entries purged")
+                            }
+                            Err(e) => return (i, Err(e)),
+                        }
+                    }
+                }
+                (ops.len(), Ok(()))
             }
         }
+    }
+}
+
+/// Ops that go to the kernel together: consecutive ops of one kind are
+/// one batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    PutBackends,
+    PutServices,
+    DeleteServices,
+    DeleteBackends,
+    Affinity,
+}
+
+fn kind(op: &Op) -> Kind {
+    match op {
+        Op::PutBackend { .. } => Kind::PutBackends,
+        Op::PutSlot { .. } | Op::PutHeader { .. } => Kind::PutServices,
+        Op::DeleteHeader { .. } | Op::DeleteSlot { .. } => Kind::DeleteServices,
+        Op::DeleteBackend { .. } => Kind::DeleteBackends,
+        Op::PurgeAffinity { .. } => Kind::Affinity,
     }
 }
 
 /// Runs `ops` in order, recording each in `view` once the kernel took it;
 /// stops at the first error (the view then says exactly what is there).
 pub fn execute(ops: &[Op], view: &mut Programmed, maps: &mut KernelMaps) -> Result<(), EbpfError> {
-    for op in ops {
-        maps.run(op)?;
-        view.apply(op);
+    let mut rest = ops;
+    while let Some(first) = rest.first() {
+        let k = kind(first);
+        let len = rest.iter().take_while(|op| kind(op) == k).count();
+        let (run, next) = rest.split_at(len);
+        let (done, result) = maps.run(k, run);
+        for op in &run[..done] {
+            view.apply(op);
+        }
+        result?;
+        rest = next;
     }
     Ok(())
 }
@@ -242,18 +404,26 @@ mod tests {
         })
     }
 
+    fn batch(errno: i32) -> BatchError {
+        BatchError {
+            done: 3,
+            error: std::io::Error::from_raw_os_error(errno),
+        }
+    }
+
     #[test]
     fn a_full_map_is_reported_by_name() {
-        let e = update_err(MAP_SERVICES, MAX_SERVICE_ENTRIES, syscall(libc::E2BIG));
+        let e = update_err(MAP_SERVICES, 1024, &batch(libc::E2BIG));
         assert!(matches!(
             e,
             EbpfError::MapFull {
                 map: MAP_SERVICES,
-                capacity: MAX_SERVICE_ENTRIES
+                capacity: 1024,
+                needed: None,
             }
         ));
         assert!(e.to_string().starts_with("map EKP_SERVICES is full"), "{e}");
-        let other = update_err(MAP_BACKENDS, MAX_BACKENDS, syscall(libc::EINVAL));
+        let other = update_err(MAP_BACKENDS, 1024, &batch(libc::EINVAL));
         assert!(other.to_string().contains("EKP_BACKENDS"), "{other}");
     }
 

@@ -22,11 +22,13 @@
 //! hook refuses connect()/sendmsg() at once with EPERM, the socket-level
 //! equivalent of kube-proxy's REJECT.
 
+pub mod batch;
 pub mod codec;
 pub mod counters;
 pub mod desired;
 pub mod drift;
 pub mod dump;
+pub mod generation;
 pub mod loader;
 pub mod maps;
 pub mod plan;
@@ -63,6 +65,8 @@ pub struct EbpfConfig {
     pub bpffs_root: PathBuf,
     /// cgroup v2 directory to attach to; `None` = the cgroup v2 root.
     pub cgroup_path: Option<PathBuf>,
+    /// Entries of the services and backends maps (`--ebpf-map-size`).
+    pub map_size: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,10 +107,13 @@ pub enum EbpfError {
     },
     #[error("pinning {}: {reason}", path.display())]
     Pin { path: PathBuf, reason: String },
-    #[error(
-        "map {map} is full ({capacity} entries); the state does not fit, nothing was truncated"
-    )]
-    MapFull { map: &'static str, capacity: u32 },
+    #[error("map {map} is full: {} entries needed, it holds {capacity}; the state does not fit (raise --ebpf-map-size); the services it could not hold were left as they were", needed.map_or_else(|| "more".to_owned(), |n| n.to_string()))]
+    MapFull {
+        map: &'static str,
+        capacity: u32,
+        /// Entries the state needs, when known before writing.
+        needed: Option<usize>,
+    },
     #[error("map {map}: {op}: {reason}")]
     Map {
         map: &'static str,
@@ -167,6 +174,7 @@ pub struct EbpfDatapath {
     /// A link pin was found missing: the next full apply loads and
     /// attaches the programs again.
     relink: bool,
+    metrics: counters::CapacityMetrics,
 }
 
 impl std::fmt::Debug for EbpfDatapath {
@@ -195,14 +203,19 @@ impl EbpfDatapath {
             replaced_links = attached.replaced_links,
             "eBPF datapath attached"
         );
-        Ok(EbpfDatapath {
+        let metrics = counters::CapacityMetrics::new()
+            .map_err(|e| EbpfError::Load(format!("metrics: {e}")))?;
+        let dp = EbpfDatapath {
             maps: attached.maps,
             view,
             owned: HashMap::new(),
             root: config.bpffs_root.clone(),
             config: config.clone(),
             relink: false,
-        })
+            metrics,
+        };
+        dp.show_capacity();
+        Ok(dp)
     }
 
     /// Loads and attaches the programs again (the pinned maps are reused),
@@ -212,6 +225,7 @@ impl EbpfDatapath {
         self.view = attached.maps.read_view()?;
         self.maps = attached.maps;
         self.relink = false;
+        self.show_capacity();
         tracing::info!(
             cgroup = %attached.cgroup.display(),
             replaced_links = attached.replaced_links,
@@ -220,8 +234,42 @@ impl EbpfDatapath {
         Ok(())
     }
 
+    fn show_capacity(&self) {
+        let c = self.maps.capacity;
+        for (map, n) in [
+            (proxy_common::MAP_SERVICES, c.services),
+            (proxy_common::MAP_BACKENDS, c.backends),
+        ] {
+            self.metrics
+                .capacity
+                .with_label_values(&[map])
+                .set(i64::from(n));
+        }
+    }
+
+    /// Refuses a plan that would overflow a map, before its first write.
+    fn check_fits(&self, ops: &[plan::Op]) -> Result<(), EbpfError> {
+        let peak = plan::peak(&self.view, ops);
+        let c = self.maps.capacity;
+        for (map, needed, capacity) in [
+            (proxy_common::MAP_SERVICES, peak.service_entries, c.services),
+            (proxy_common::MAP_BACKENDS, peak.backends, c.backends),
+        ] {
+            if needed > capacity as usize {
+                self.metrics.full.with_label_values(&[map]).inc();
+                return Err(EbpfError::MapFull {
+                    map,
+                    capacity,
+                    needed: Some(needed),
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn apply_changes(&mut self, changes: Vec<Change<'_>>) -> Result<ApplyStats, EbpfError> {
         let plan = plan::plan(&self.view, changes);
+        self.check_fits(&plan.ops)?;
         maps::execute(&plan.ops, &mut self.view, &mut self.maps)?;
         let gc = plan::plan_gc(&self.view);
         maps::execute(&gc, &mut self.view, &mut self.maps)?;
@@ -260,7 +308,8 @@ impl Datapath for EbpfDatapath {
         &mut self,
         registry: &prometheus::Registry,
     ) -> Result<(), prometheus::Error> {
-        registry.register(Box::new(counters::StatsCollector::new(self.root.clone())?))
+        registry.register(Box::new(counters::StatsCollector::new(self.root.clone())?))?;
+        self.metrics.register(registry)
     }
 
     fn map_entries(&self) -> Vec<(&'static str, usize)> {

@@ -454,6 +454,45 @@ fn slot_number(i: usize) -> u16 {
     u16::try_from(i + 1).unwrap_or(u16::MAX)
 }
 
+/// Entries each map holds at most while a plan runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Peak {
+    pub service_entries: usize,
+    pub backends: usize,
+}
+
+/// The most entries the maps hold at any point while `ops` run against
+/// `view` (backends are only deleted afterwards, by [`plan_gc`]), so a plan
+/// that would overflow a map is refused before its first write. A plan
+/// touches each (VIP, slot) at most once, so whether a write adds an entry
+/// is read from the view.
+pub fn peak(view: &Programmed, ops: &[Op]) -> Peak {
+    let slot_of = |vip: &Vip, slot: u16| {
+        let s = view.services.get(vip)?;
+        let id = *s.slots.get(usize::from(slot).checked_sub(1)?)?;
+        (id != 0).then_some(id)
+    };
+    let header = |vip: &Vip| view.services.get(vip).is_some_and(|s| s.header.is_some());
+    let mut services = view.service_entries;
+    let mut most = services;
+    let mut backends = view.backends.len();
+    for op in ops {
+        match op {
+            Op::PutBackend { id, .. } if !view.backends.contains_key(id) => backends += 1,
+            Op::PutSlot { vip, slot, .. } if slot_of(vip, *slot).is_none() => services += 1,
+            Op::PutHeader { vip, .. } if !header(vip) => services += 1,
+            Op::DeleteSlot { vip, slot } if slot_of(vip, *slot).is_some() => services -= 1,
+            Op::DeleteHeader { vip } if header(vip) => services -= 1,
+            _ => {}
+        }
+        most = most.max(services);
+    }
+    Peak {
+        service_entries: most,
+        backends,
+    }
+}
+
 /// Backends no slot refers to any more; run after the service ops.
 pub fn plan_gc(view: &Programmed) -> Vec<Op> {
     view.unreferenced

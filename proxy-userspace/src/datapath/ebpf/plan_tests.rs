@@ -562,3 +562,53 @@ fn a_vip_claimed_twice_goes_to_its_owner_only() {
         ]
     );
 }
+
+/// `peak` is what the fake kernel's maps hold at their fullest while the
+/// plan runs: checked on a plan that removes one service, grows another
+/// and adds a third.
+#[test]
+fn peak_is_the_most_entries_the_maps_hold_while_a_plan_runs() {
+    let mut k = FakeKernel::default();
+    let mut view = Programmed::default();
+    let a = desired("10.96.0.1:80", &["10.0.0.1:80", "10.0.0.2:80"], None);
+    let b = desired("10.96.0.2:80", &["10.0.0.3:80"], None);
+    sync(
+        &mut k,
+        &mut view,
+        vec![Change::Upsert(&a), Change::Upsert(&b)],
+    );
+    assert_eq!(
+        peak(&view, &[]),
+        Peak {
+            service_entries: 5,
+            backends: 3
+        }
+    );
+    let b2 = desired("10.96.0.2:80", &["10.0.0.3:80", "10.0.0.4:80"], None);
+    let c = desired("10.96.0.3:80", &["10.0.0.5:80", "10.0.0.1:80"], None);
+    let p = plan(
+        &view,
+        vec![
+            Change::Remove(a.vip),
+            Change::Upsert(&b2),
+            Change::Upsert(&c),
+        ],
+    );
+    let want = peak(&view, &p.ops);
+    let (mut most_services, mut most_backends) = (0, 0);
+    for op in &p.ops {
+        k.run(&mut view, std::slice::from_ref(op));
+        most_services = most_services.max(k.services.len());
+        most_backends = most_backends.max(k.backends.len());
+    }
+    assert_eq!(
+        want,
+        Peak {
+            service_entries: most_services,
+            backends: most_backends
+        }
+    );
+    // a's 3 entries go first (5 → 2), b grows by one slot, c adds three.
+    assert_eq!(want.service_entries, 6);
+    assert_eq!(want.backends, 5);
+}

@@ -1,0 +1,113 @@
+//! Batched map writes: `BPF_MAP_UPDATE_BATCH` and `BPF_MAP_DELETE_BATCH`
+//! through a raw bpf(2) call, because aya 0.14 exposes only the
+//! one-element calls. A full sync of 50k services / 250k endpoints is
+//! about 550k map writes; one syscall each cost most of the sync, a batch
+//! is one syscall per run of writes to the same map.
+//!
+//! The kernel handles a batch's elements one after the other, in order,
+//! each visible as soon as it is written, exactly as the same writes done
+//! one by one: the ordering rules of [`super::plan`] hold within a batch.
+//! On an error it reports how many elements it had handled.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+
+/// The `batch` member of `union bpf_attr` (UAPI).
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// A failed batch: how many elements the kernel handled before `error`.
+#[derive(Debug)]
+pub struct BatchError {
+    pub done: usize,
+    pub error: io::Error,
+}
+
+fn call(cmd: libc::c_long, attr: &mut BatchAttr, len: usize) -> Result<(), BatchError> {
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: `attr` is a valid BPF_MAP_*_BATCH attribute of the size
+    // passed; `keys` (and `values`) point at `count` elements of the map's
+    // key (value) size that outlive the call; the kernel only reads them
+    // and writes `count` back into `attr`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut BatchAttr,
+            size_of::<BatchAttr>(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(BatchError {
+            error: io::Error::last_os_error(),
+            done: (attr.count as usize).min(len),
+        })
+    }
+}
+
+fn count(len: usize) -> Result<u32, BatchError> {
+    u32::try_from(len).map_err(|_| BatchError {
+        done: 0,
+        error: io::Error::from_raw_os_error(libc::E2BIG),
+    })
+}
+
+/// Writes `keys[i] → values[i]`, in order (`BPF_ANY`).
+pub fn update<K: aya::Pod, V: aya::Pod>(
+    fd: BorrowedFd<'_>,
+    keys: &[K],
+    values: &[V],
+) -> Result<(), BatchError> {
+    assert_eq!(keys.len(), values.len(), "one value per key");
+    let mut attr = BatchAttr {
+        keys: keys.as_ptr() as u64,
+        values: values.as_ptr() as u64,
+        count: count(keys.len())?,
+        map_fd: fd.as_raw_fd() as u32,
+        ..BatchAttr::default()
+    };
+    call(BPF_MAP_UPDATE_BATCH, &mut attr, keys.len())
+}
+
+/// Deletes `keys`, in order; a key that is not there is skipped (the
+/// goal, its absence, is reached).
+pub fn delete<K: aya::Pod>(fd: BorrowedFd<'_>, keys: &[K]) -> Result<(), BatchError> {
+    let mut from = 0;
+    while from < keys.len() {
+        let rest = &keys[from..];
+        let mut attr = BatchAttr {
+            keys: rest.as_ptr() as u64,
+            count: count(rest.len())?,
+            map_fd: fd.as_raw_fd() as u32,
+            ..BatchAttr::default()
+        };
+        match call(BPF_MAP_DELETE_BATCH, &mut attr, rest.len()) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.error.raw_os_error() == Some(libc::ENOENT) => from += e.done + 1,
+            Err(e) => {
+                return Err(BatchError {
+                    done: from + e.done,
+                    error: e.error,
+                })
+            }
+        }
+    }
+    Ok(())
+}

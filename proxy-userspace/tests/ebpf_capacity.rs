@@ -1,0 +1,364 @@
+//! eBPF map capacity in the real kernel (root only, and only when the
+//! binary embeds the eBPF object; otherwise the tests say why and pass):
+//! a 100k-service / 1M-endpoint state fits the default `--ebpf-map-size`;
+//! pinned maps of another size are replaced while connections keep being
+//! load-balanced; a state that would overflow a map is refused whole and
+//! the programmed one keeps serving.
+//!
+//! Each test has its own cgroup, bpffs directory and network namespace
+//! (with only loopback: an echo server on 0.0.0.0 answers every
+//! 127.0.0.0/8 backend), removed by a Drop guard even after a failure.
+
+use std::io::{BufRead, BufReader};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ebpf_kube_proxy::apply::Applier;
+use ebpf_kube_proxy::datapath::ebpf::{self, generation, loader, EbpfConfig, EbpfDatapath};
+use ebpf_kube_proxy::datapath::{Datapath, DatapathError};
+use ebpf_kube_proxy::model::LocalState;
+
+#[path = "../benches/common/ebpf_scale.rs"]
+mod scale;
+
+const SERVER_PORT: u16 = 9090;
+
+const SERVER: &str = r#"
+import socket, sys
+t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+t.bind(("0.0.0.0", int(sys.argv[1]))); t.listen(512)
+print("ready", flush=True)
+while True:
+    c, _ = t.accept()
+    try:
+        c.recv(100)
+        c.sendall(b"ok:" + c.getsockname()[0].encode())
+    except OSError:
+        pass
+    c.close()
+"#;
+
+/// argv: CGROUP_DIR HOST PORT STOP_FILE. Connects in a loop until
+/// STOP_FILE exists; prints "first" after the first answer, then one JSON
+/// line with the counts.
+const LOOP: &str = r#"
+import json, os, socket, sys
+cg, host, port, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+with open(cg + "/cgroup.procs", "w") as f:
+    f.write(str(os.getpid()))
+ok = fail = 0
+errors = []
+while not os.path.exists(stop):
+    try:
+        s = socket.create_connection((host, port), timeout=2)
+        s.sendall(b"x")
+        r = s.recv(100)
+        s.close()
+        if r.startswith(b"ok:"):
+            ok += 1
+        else:
+            fail += 1
+    except OSError as e:
+        fail += 1
+        errors.append(str(e))
+    if ok == 1 and fail == 0:
+        print("first", flush=True)
+print(json.dumps({"ok": ok, "fail": fail, "errors": errors[:5]}), flush=True)
+"#;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Everything one test creates; removed on drop.
+struct Env {
+    netns: String,
+    cgroup: PathBuf,
+    bpffs: PathBuf,
+    children: Vec<Child>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Err(e) = ebpf::cleanup(&self.bpffs) {
+            eprintln!("cleanup of {}: {e}", self.bpffs.display());
+        }
+        for _ in 0..50 {
+            match std::fs::remove_dir(&self.cgroup) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.netns])
+            .status();
+    }
+}
+
+/// The test's environment with an echo server running, or `None` (and a
+/// SKIP line) where the kernel test cannot run.
+fn env(tag: &str) -> Option<Env> {
+    if !is_root() {
+        eprintln!("SKIP ebpf_capacity: needs root (cgroups, network namespaces, BPF)");
+        return None;
+    }
+    if !ebpf::object_embedded() {
+        eprintln!("SKIP ebpf_capacity: this build has no eBPF object; run `cargo xtask build-ebpf --release`, then the tests again");
+        return None;
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let Some(cg_root) = loader::cgroup2_root(&loader::parse_mountinfo(&mountinfo)) else {
+        eprintln!("SKIP ebpf_capacity: no cgroup v2 mount");
+        return None;
+    };
+    let pid = std::process::id();
+    let mut env = Env {
+        netns: format!("ekp-cap-{tag}-{pid}"),
+        cgroup: cg_root.join(format!("ebpf-kube-proxy-cap-{tag}-{pid}")),
+        bpffs: PathBuf::from(format!("/sys/fs/bpf/ebpf-kube-proxy-cap-{tag}-{pid}")),
+        children: vec![],
+    };
+    run(Command::new("ip").args(["netns", "add", &env.netns]));
+    run(Command::new("ip").args(["-n", &env.netns, "link", "set", "lo", "up"]));
+    std::fs::create_dir(&env.cgroup).expect("creating the test cgroup");
+    let mut child = Command::new("nsenter")
+        .arg(env.netns_arg())
+        .args(["python3", "-c", SERVER, &SERVER_PORT.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting the echo server");
+    let stdout = child.stdout.take().expect("piped stdout");
+    env.children.push(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    Some(env)
+}
+
+impl Env {
+    fn netns_arg(&self) -> String {
+        format!("--net=/run/netns/{}", self.netns)
+    }
+
+    fn config(&self, map_size: u32) -> EbpfConfig {
+        EbpfConfig {
+            bpffs_root: self.bpffs.clone(),
+            cgroup_path: Some(self.cgroup.clone()),
+            map_size,
+        }
+    }
+
+    /// Starts the connect loop against `host:80`; returns once it got a
+    /// first answer.
+    fn connect_loop(&mut self, host: &str, stop: &Path) -> BufReader<ChildStdout> {
+        let mut child = Command::new("nsenter")
+            .arg(self.netns_arg())
+            .args(["python3", "-c", LOOP])
+            .arg(&self.cgroup)
+            .args([host, "80"])
+            .arg(stop)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting the connect loop");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        self.children.push(child);
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "first", "the loop's first connection");
+        out
+    }
+
+    /// One connection to `host:80` from the test cgroup: the reply.
+    fn connect(&self, host: &str) -> String {
+        let script = "import os,socket,sys\nopen(sys.argv[1]+'/cgroup.procs','w').write(str(os.getpid()))\ntry:\n s=socket.create_connection((sys.argv[2],80),timeout=3); s.sendall(b'x'); print(s.recv(100).decode())\nexcept OSError as e:\n print('error:', e)\n";
+        let out = Command::new("nsenter")
+            .arg(self.netns_arg())
+            .args(["python3", "-c", script])
+            .arg(&self.cgroup)
+            .arg(host)
+            .output()
+            .expect("running a client");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+/// Service `i` answered by the echo server on these loopback addresses.
+fn local_service(i: usize, addrs: &[&str]) -> ebpf_kube_proxy::model::ServiceEndpoints {
+    let ips: Vec<IpAddr> = addrs.iter().map(|a| a.parse().unwrap()).collect();
+    scale::service(i, &ips, SERVER_PORT)
+}
+
+fn max_entries(pin: &Path) -> u32 {
+    aya::maps::MapData::from_pin(pin)
+        .and_then(|m| m.info())
+        .map(|i| i.max_entries())
+        .expect("reading a pinned map's info")
+}
+
+#[test]
+fn a_hundred_thousand_services_with_a_million_endpoints_are_programmed() {
+    let Some(env) = env("big") else { return };
+    let (services, endpoints) = (100_000, 1_000_000);
+    let sampled = 77_777;
+    let base = scale::state(services, endpoints);
+    // The sampled service keeps its 10 endpoints, on loopback addresses.
+    let addrs: Vec<String> = (1..=10).map(|n| format!("127.0.0.{n}")).collect();
+    let addrs: Vec<&str> = addrs.iter().map(String::as_str).collect();
+    let state = scale::with_service(&base, local_service(sampled, &addrs));
+    drop(base);
+    let endpoint_count: usize = state.services.iter().map(|s| s.endpoints.len()).sum();
+    assert_eq!(
+        (state.services.len(), endpoint_count),
+        (services, endpoints)
+    );
+
+    let dp = EbpfDatapath::open(&env.config(generation::DEFAULT_MAP_SIZE)).expect("open");
+    let mut dp = Applier::new(Box::new(dp));
+    let started = Instant::now();
+    dp.apply(&Arc::new(state)).expect("programming 100k/1M");
+    eprintln!(
+        "100k services / 1M endpoints programmed in {:?}",
+        started.elapsed()
+    );
+    let entries = dp.datapath().map_entries();
+    assert_eq!(
+        entries,
+        vec![
+            ("EKP_SERVICES", services + endpoints),
+            ("EKP_BACKENDS", endpoints)
+        ]
+    );
+    let reply = env.connect(&scale::vip(sampled).to_string());
+    assert!(reply.starts_with("ok:127.0.0."), "{reply}");
+}
+
+#[test]
+fn pinned_maps_of_a_smaller_capacity_are_replaced_without_a_gap() {
+    let Some(mut env) = env("swap") else { return };
+    let small = 4096;
+    let state: LocalState = {
+        let mut s = scale::state(500, 1500);
+        s = scale::with_service(&s, local_service(7, &["127.0.0.1", "127.0.0.2"]));
+        s
+    };
+    let vip = scale::vip(7).to_string();
+    let services = env.bpffs.join("EKP_SERVICES");
+    {
+        let dp = EbpfDatapath::open(&env.config(small)).expect("open small");
+        let mut dp = Applier::new(Box::new(dp));
+        dp.apply(&Arc::new(state.clone())).expect("apply");
+    }
+    assert_eq!(max_entries(&services), small);
+    assert!(env.connect(&vip).starts_with("ok:"));
+
+    let stop = std::env::temp_dir().join(format!("ekp-cap-swap-{}.stop", std::process::id()));
+    let _ = std::fs::remove_file(&stop);
+    let mut out = env.connect_loop(&vip, &stop);
+    std::thread::sleep(Duration::from_millis(300));
+    let big = 1 << 16;
+    let started = Instant::now();
+    let dp = EbpfDatapath::open(&env.config(big)).expect("re-open with a larger map size");
+    eprintln!(
+        "maps replaced by a new generation in {:?}",
+        started.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(&stop, b"").unwrap();
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let _ = std::fs::remove_file(&stop);
+    let counts: serde_json::Value = serde_json::from_str(&line).expect(&line);
+    assert_eq!(
+        counts["fail"], 0,
+        "a connection failed during the swap: {line}"
+    );
+    assert!(counts["ok"].as_u64().unwrap_or(0) > 10, "{line}");
+
+    assert_eq!(max_entries(&services), big, "the new generation is pinned");
+    assert_eq!(max_entries(&env.bpffs.join("EKP_BACKENDS")), big);
+    assert!(!generation::next_pin(&env.bpffs, "EKP_SERVICES").exists());
+    assert_eq!(loader::attached_programs(&env.cgroup).unwrap(), 8);
+    // The new generation holds what the old one did: nothing to write.
+    let mut dp = Applier::new(Box::new(dp));
+    let applied = dp.apply(&Arc::new(state)).expect("apply after the swap");
+    assert_eq!(applied.stats.services_changed, 0);
+    assert!(env.connect(&vip).starts_with("ok:"));
+}
+
+#[test]
+fn a_state_that_overflows_a_map_is_refused_and_the_programmed_state_kept() {
+    let Some(env) = env("full") else { return };
+    let registry = prometheus::Registry::new();
+    let mut raw = EbpfDatapath::open(&env.config(1024)).expect("open");
+    raw.register_metrics(&registry).expect("metrics");
+    let mut dp = Applier::new(Box::new(raw));
+    let s1 = scale::with_service(&scale::state(100, 300), local_service(5, &["127.0.0.1"]));
+    dp.apply(&Arc::new(s1.clone())).expect("apply what fits");
+    let before = ebpf::dump::read(&env.bpffs).expect("dump");
+
+    // The echo service moves to 127.0.0.2, and a service with 2000
+    // endpoints arrives: the services map (1024) cannot hold it.
+    let s2 = scale::with_service(&s1, local_service(5, &["127.0.0.2"]));
+    let s2 = scale::with_service(&s2, scale::nth_service(100, 2000));
+    for attempt in 0..2 {
+        let err = dp.apply(&Arc::new(s2.clone())).expect_err("overflow");
+        let text = err.to_string();
+        assert!(
+            matches!(
+                err,
+                DatapathError::Ebpf(ebpf::EbpfError::MapFull {
+                    map: "EKP_SERVICES",
+                    capacity: 1024,
+                    needed: Some(n),
+                }) if n > 2000
+            ),
+            "attempt {attempt}: {text}"
+        );
+        assert!(text.contains("--ebpf-map-size"), "{text}");
+    }
+    let after = ebpf::dump::read(&env.bpffs).expect("dump");
+    assert_eq!(
+        format!("{:?}", after.services),
+        format!("{:?}", before.services)
+    );
+    assert_eq!(after.backends, before.backends);
+    assert_eq!(env.connect(&scale::vip(5).to_string()), "ok:127.0.0.1");
+    let metrics = String::from_utf8(
+        prometheus::TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .unwrap()
+            .into_bytes(),
+    )
+    .unwrap();
+    assert!(
+        metrics.contains("ebpf_kube_proxy_datapath_map_full_total{map=\"EKP_SERVICES\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("ebpf_kube_proxy_datapath_map_capacity{map=\"EKP_BACKENDS\"} 1024"),
+        "{metrics}"
+    );
+
+    // Without the big service it fits again.
+    let s3 = scale::with_service(&s1, local_service(5, &["127.0.0.2"]));
+    dp.apply(&Arc::new(s3)).expect("apply what fits");
+    assert_eq!(env.connect(&scale::vip(5).to_string()), "ok:127.0.0.2");
+}
