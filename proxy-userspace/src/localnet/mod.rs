@@ -3,6 +3,8 @@
 
 pub mod client;
 pub mod convert;
+pub mod frame;
 pub mod metrics;
 pub mod render;
 pub mod server;
+pub mod wire;

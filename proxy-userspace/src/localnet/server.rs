@@ -1,57 +1,29 @@
 //! The localnet `Endpoints` gRPC server (SPEC §6) on TCP and a unix socket.
 //!
-//! Every published [`Snapshot`] is converted once into a [`Frame`] of
-//! localnet.v1 messages shared by all clients. `Next` long-polls on the
-//! frame channel; `Watch` streams one complete frame per revision.
+//! Every published [`Snapshot`] is converted and encoded once into a
+//! [`Frame`] shared by all clients. `Next` long-polls on the frame
+//! channel; `Watch` streams one complete frame per revision.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 
+use futures_util::StreamExt;
 use proto::localnet::v1 as pb;
-use proto::localnet::v1::endpoints_server::{Endpoints, EndpointsServer, SERVICE_NAME};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
-use tokio_stream::Stream;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tonic::{Request, Response, Status};
 
-use super::convert;
+pub use super::frame::Frame;
+use super::metrics::{LocalnetMetrics, OpenCall};
+use super::wire::{Encoded, EncodedStream, Endpoints, EndpointsServer, SERVICE_NAME};
 use crate::grpc_discovery::Discovery;
 use crate::grpc_unix::limits::{self as grpc_limits, GrpcLimits};
-use crate::grpc_unix::{self, bind_unix, remove_socket, MAX_MESSAGE_BYTES};
-use crate::snapshot::{Follower, Snapshot, SnapshotReceiver};
-
-/// Watch events (one service each) queued per stream. A slow reader is not
-/// buffered for: once its queue and its HTTP/2 window are full the sender
-/// waits, and when the reader catches up it is sent the newest revision,
-/// skipping those published meanwhile. A stuck watcher thus holds at most
-/// this many service messages, not a copy of the state per revision.
-const WATCH_BUFFER: usize = 16;
-
-/// One revision of the state in wire form.
-#[derive(Debug, Default)]
-pub struct Frame {
-    pub rev: u64,
-    pub services: Vec<pb::ServiceEndpoints>,
-}
-
-impl Frame {
-    fn from_snapshot(s: &Snapshot) -> Self {
-        Frame {
-            rev: s.rev,
-            services: s
-                .state
-                .services
-                .iter()
-                .map(|s| convert::service_endpoints(s))
-                .collect(),
-        }
-    }
-}
+use crate::grpc_unix::{self, bind_unix, remove_socket};
+use crate::snapshot::{Follower, SnapshotReceiver};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalnetError {
@@ -93,7 +65,7 @@ pub struct LocalnetService {
     instance_id: u64,
     frames: watch::Receiver<Arc<Frame>>,
     shutdown: CancellationToken,
-    metrics: Option<super::metrics::LocalnetMetrics>,
+    metrics: Option<LocalnetMetrics>,
     discovery: Discovery,
     /// The snapshot → frame task, owned by the service's clones.
     _converter: Arc<AbortOnDropHandle<()>>,
@@ -114,14 +86,19 @@ impl LocalnetService {
         let health = discovery.clone();
         let mut follower = Follower::new(snapshots, shutdown.clone());
         let converter = tokio::spawn(async move {
+            let mut previous: Option<Arc<Frame>> = None;
             while let Some(snapshot) = follower.next().await {
                 if !snapshot.is_synced() {
                     continue;
                 }
-                // Conversion is CPU work proportional to the state size.
-                match tokio::task::spawn_blocking(move || Frame::from_snapshot(&snapshot)).await {
+                // Conversion is CPU work proportional to what changed.
+                let held = previous.take();
+                let convert = move || Frame::from_snapshot(&snapshot, held.as_deref());
+                match tokio::task::spawn_blocking(convert).await {
                     Ok(f) => {
-                        frame_tx.send_replace(Arc::new(f));
+                        let f = Arc::new(f);
+                        previous = Some(f.clone());
+                        frame_tx.send_replace(f);
                         health.serving().await;
                     }
                     Err(e) => {
@@ -146,12 +123,12 @@ impl LocalnetService {
     }
 
     /// Counts calls in the `ebpf_kube_proxy_localnet_*` families.
-    pub fn with_metrics(mut self, metrics: super::metrics::LocalnetMetrics) -> Self {
+    pub fn with_metrics(mut self, metrics: LocalnetMetrics) -> Self {
         self.metrics = Some(metrics);
         self
     }
 
-    fn open(&self, rpc: &'static str) -> Option<super::metrics::OpenCall> {
+    fn open(&self, rpc: &'static str) -> Option<OpenCall> {
         self.metrics.as_ref().map(|m| m.open(rpc))
     }
 
@@ -180,8 +157,6 @@ impl LocalnetService {
 
     pub fn into_server(self) -> EndpointsServer<Self> {
         EndpointsServer::new(self)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     /// The API with gRPC health and reflection beside it.
@@ -190,17 +165,12 @@ impl LocalnetService {
     }
 }
 
-type ItemStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
-
 #[tonic::async_trait]
 impl Endpoints for LocalnetService {
-    type NextStream = ItemStream<pb::NextItem>;
-    type WatchStream = ItemStream<pb::WatchEvent>;
-
     async fn next(
         &self,
         request: Request<pb::NextFilter>,
-    ) -> Result<Response<Self::NextStream>, Status> {
+    ) -> Result<Response<EncodedStream>, Status> {
         let open = self.open("Next");
         let deadline = grpc_timeout(request.metadata());
         let pb::NextFilter { instance_id, rev } = request.into_inner();
@@ -222,92 +192,90 @@ impl Endpoints for LocalnetService {
             }
         };
         self.finished("Next", tonic::Code::Ok);
-        let head = pb::NextItem {
-            item: Some(pb::next_item::Item::Next(pb::NextFilter {
-                instance_id: self.instance_id,
-                rev: frame.rev,
-            })),
-        };
-        let count = frame.services.len();
-        let services = (0..count).map(move |i| {
-            Ok(pb::NextItem {
-                item: Some(pb::next_item::Item::Endpoints(frame.services[i].clone())),
-            })
-        });
         // The call stays open until the client has the whole state (or
         // went away): the guard lives in the stream.
-        let items = std::iter::once(Ok(head)).chain(services).inspect(move |_| {
+        let items = frame.next_items(self.instance_id).inspect(move |_| {
             let _ = &open;
         });
         Ok(Response::new(Box::pin(tokio_stream::iter(items))))
     }
 
+    /// Headers go out at once; a frame follows whenever there is one the
+    /// client does not hold yet.
+    ///
+    /// The stream is polled only when the client's HTTP/2 window has room,
+    /// and it finishes the frame in progress before taking the newest one:
+    /// a watcher that does not read holds one shared frame and what tonic
+    /// and its window buffer, and when it reads again it skips to the
+    /// newest revision instead of being replayed every one it missed.
     async fn watch(
         &self,
         request: Request<pb::WatchRequest>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
+    ) -> Result<Response<EncodedStream>, Status> {
         let pb::WatchRequest { instance_id, rev } = request.into_inner();
-        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
-        let this = self.clone();
-        let mut frames = self.frames.clone();
-        let open = self.open("Watch");
-        // Headers go out at once; the first frame follows when there is one
-        // the client does not hold yet.
-        tokio::spawn(async move {
-            let code = this.watch_loop(&tx, &mut frames, instance_id, rev).await;
-            this.finished("Watch", code);
-            drop(open);
+        let call = WatchCall {
+            api: self.clone(),
+            frames: self.frames.clone(),
+            client: Some((instance_id, rev)),
+            sent_rev: None,
+            code: tonic::Code::Cancelled,
+            _open: self.open("Watch"),
+        };
+        let frames = futures_util::stream::unfold(Some(call), |call| async move {
+            let mut call = call?;
+            match call.next_frame().await {
+                Ok(frame) => {
+                    let items = frame.watch_items(call.api.instance_id);
+                    Some((Box::new(items) as FrameItems, Some(call)))
+                }
+                Err(status) => {
+                    call.code = status.code();
+                    Some((Box::new(std::iter::once(Err(status))) as FrameItems, None))
+                }
+            }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let events = frames.flat_map(futures_util::stream::iter);
+        Ok(Response::new(Box::pin(events)))
     }
 }
 
-impl LocalnetService {
-    /// Streams frames to one watcher; returns how the call ended.
-    async fn watch_loop(
-        &self,
-        tx: &mpsc::Sender<Result<pb::WatchEvent, Status>>,
-        frames: &mut watch::Receiver<Arc<Frame>>,
-        instance_id: u64,
-        rev: u64,
-    ) -> tonic::Code {
-        let this = self;
-        {
-            let first = tokio::select! {
-                f = this.wait_for_frame(instance_id, rev) => f,
-                _ = tx.closed() => return tonic::Code::Cancelled,
-            };
-            let mut sent_rev = match first {
-                Ok(frame) => {
-                    if send_frame(tx, this.instance_id, &frame).await.is_err() {
-                        return tonic::Code::Cancelled;
-                    }
-                    frame.rev
-                }
-                Err(status) => {
-                    let code = status.code();
-                    let _ = tx.send(Err(status)).await;
-                    return code;
-                }
-            };
-            loop {
+type FrameItems = Box<dyn Iterator<Item = Result<Encoded, Status>> + Send>;
+
+/// One `Watch` call: what the client holds, and how the call ended (a
+/// dropped stream, the client gone, counts as CANCELLED).
+struct WatchCall {
+    api: LocalnetService,
+    frames: watch::Receiver<Arc<Frame>>,
+    /// The (instance id, rev) the client said it holds, until the first
+    /// frame is sent.
+    client: Option<(u64, u64)>,
+    sent_rev: Option<u64>,
+    code: tonic::Code,
+    _open: Option<OpenCall>,
+}
+
+impl WatchCall {
+    async fn next_frame(&mut self) -> Result<Arc<Frame>, Status> {
+        let frame = match (self.client.take(), self.sent_rev) {
+            (Some((instance_id, rev)), _) => self.api.wait_for_frame(instance_id, rev).await?,
+            (None, sent) => {
                 let changed = tokio::select! {
-                    _ = this.shutdown.cancelled() => None,
-                    _ = tx.closed() => return tonic::Code::Cancelled,
-                    r = frames.wait_for(|f| f.rev != sent_rev && f.rev >= 1) => r.ok().map(|f| f.clone()),
+                    _ = self.api.shutdown.cancelled() => None,
+                    r = self.frames.wait_for(|f| Some(f.rev) != sent && f.rev >= 1) => {
+                        r.ok().map(|f| f.clone())
+                    }
                 };
-                let Some(frame) = changed else {
-                    let _ = tx
-                        .send(Err(Status::unavailable("server shutting down")))
-                        .await;
-                    return tonic::Code::Unavailable;
-                };
-                if send_frame(tx, this.instance_id, &frame).await.is_err() {
-                    return tonic::Code::Cancelled;
-                }
-                sent_rev = frame.rev;
+                changed.ok_or_else(|| Status::unavailable("server shutting down"))?
             }
-        }
+        };
+        self.sent_rev = Some(frame.rev);
+        Ok(frame)
+    }
+}
+
+impl Drop for WatchCall {
+    fn drop(&mut self) {
+        self.api.finished("Watch", self.code);
     }
 }
 
@@ -332,30 +300,6 @@ fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<std::time::Du
         _ => return None,
     };
     Some(d.saturating_sub((d / 50).max(Duration::from_millis(2))))
-}
-
-/// Sends `begin`, every service, `end`. Fails when the client went away.
-async fn send_frame(
-    tx: &mpsc::Sender<Result<pb::WatchEvent, Status>>,
-    instance_id: u64,
-    frame: &Frame,
-) -> Result<(), ()> {
-    use pb::watch_event::Event;
-    let event = |e| Ok(pb::WatchEvent { event: Some(e) });
-    let begin = Event::Begin(pb::StateBegin {
-        instance_id,
-        rev: frame.rev,
-        service_count: u32::try_from(frame.services.len()).unwrap_or(u32::MAX),
-    });
-    tx.send(event(begin)).await.map_err(drop)?;
-    for s in &frame.services {
-        tx.send(event(Event::Service(s.clone())))
-            .await
-            .map_err(drop)?;
-    }
-    tx.send(event(Event::End(pb::StateEnd {})))
-        .await
-        .map_err(drop)
 }
 
 /// Bound listeners; binding happens before anything is served, so a bad

@@ -1,0 +1,212 @@
+//! One revision of the state in wire form, made once and shared by every
+//! stream: each service's `ServiceEndpoints` message is encoded once, and
+//! a `Next` answer or a `Watch` frame is a sequence of references to those
+//! bytes, so a waiting client costs a queue of pointers, not a copy.
+//!
+//! The model shares an unchanged service between states (the same `Arc`),
+//! so a frame reuses the previous frame's bytes for it: a revision costs
+//! encoding the services that changed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use prost::Message;
+use proto::localnet::v1 as pb;
+use tonic::Status;
+
+use super::convert;
+use super::wire::Encoded;
+use crate::model::ServiceEndpoints;
+use crate::snapshot::Snapshot;
+
+/// One revision: its number and its services, each encoded.
+#[derive(Debug, Default)]
+pub struct Frame {
+    pub rev: u64,
+    pub services: Vec<Bytes>,
+    /// The model's services the bytes were made from, same order. Held so
+    /// that their addresses identify them while this frame lives.
+    sources: Vec<Arc<ServiceEndpoints>>,
+}
+
+impl Frame {
+    /// Converts and encodes the snapshot's services, reusing `previous`'s
+    /// bytes for every service it shares with it (CPU work proportional
+    /// to what changed, still to be run off the async workers).
+    pub fn from_snapshot(s: &Snapshot, previous: Option<&Frame>) -> Self {
+        // Pointer identity is sound: `previous` keeps each of its services
+        // alive, so no other service can be at the same address.
+        let known: HashMap<*const ServiceEndpoints, &Bytes> = previous
+            .map(|p| p.sources.iter().map(Arc::as_ptr).zip(&p.services).collect())
+            .unwrap_or_default();
+        let services = s
+            .state
+            .services
+            .iter()
+            .map(|svc| match known.get(&Arc::as_ptr(svc)) {
+                Some(bytes) => Bytes::clone(bytes),
+                None => Bytes::from(convert::service_endpoints(svc).encode_to_vec()),
+            })
+            .collect();
+        Frame {
+            rev: s.rev,
+            services,
+            sources: s.state.services.clone(),
+        }
+    }
+
+    /// A `Next` answer: the `next` item, then every service.
+    pub fn next_items(
+        self: Arc<Self>,
+        instance_id: u64,
+    ) -> impl Iterator<Item = Result<Encoded, Status>> + Send {
+        let head = Encoded::message(&pb::NextItem {
+            item: Some(pb::next_item::Item::Next(pb::NextFilter {
+                instance_id,
+                rev: self.rev,
+            })),
+        });
+        std::iter::once(Ok(head)).chain(self.service_items())
+    }
+
+    /// A `Watch` frame: `begin`, every service, `end`.
+    pub fn watch_items(
+        self: Arc<Self>,
+        instance_id: u64,
+    ) -> impl Iterator<Item = Result<Encoded, Status>> + Send {
+        use pb::watch_event::Event;
+        let event = |e| Ok(Encoded::message(&pb::WatchEvent { event: Some(e) }));
+        let begin = event(Event::Begin(pb::StateBegin {
+            instance_id,
+            rev: self.rev,
+            service_count: u32::try_from(self.services.len()).unwrap_or(u32::MAX),
+        }));
+        let end = event(Event::End(pb::StateEnd {}));
+        std::iter::once(begin)
+            .chain(self.service_items())
+            .chain(std::iter::once(end))
+    }
+
+    fn service_items(self: Arc<Self>) -> impl Iterator<Item = Result<Encoded, Status>> + Send {
+        (0..self.services.len()).map(move |i| Ok(Encoded::Service(self.services[i].clone())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::testing::{endpoint, service, state};
+    use crate::model::EndpointScopes;
+
+    fn snapshot(rev: u64, state: crate::model::LocalState) -> Snapshot {
+        Snapshot {
+            rev,
+            state: Arc::new(state),
+            changed: None,
+        }
+    }
+
+    fn decoded(frame: &Frame) -> Vec<pb::ServiceEndpoints> {
+        frame
+            .services
+            .iter()
+            .map(|b| pb::ServiceEndpoints::decode(b.clone()).expect("decodes"))
+            .collect()
+    }
+
+    #[test]
+    fn each_service_is_its_converted_message() {
+        let s = snapshot(
+            1,
+            state(vec![
+                service("prod", "web", &["10.96.0.10"]).with_endpoints([endpoint(
+                    "10.244.0.1",
+                    8080,
+                    EndpointScopes::default(),
+                )]),
+                service("default", "api", &["10.96.0.11"]),
+            ]),
+        );
+        let frame = Frame::from_snapshot(&s, None);
+        let expected: Vec<_> = s
+            .state
+            .services
+            .iter()
+            .map(|s| convert::service_endpoints(s))
+            .collect();
+        assert_eq!(frame.rev, 1);
+        assert_eq!(decoded(&frame), expected);
+    }
+
+    #[test]
+    fn a_shared_service_reuses_the_previous_bytes_and_a_changed_one_is_encoded() {
+        let first = snapshot(
+            1,
+            state(vec![
+                service("default", "api", &["10.96.0.11"]),
+                service("prod", "web", &["10.96.0.10"]),
+            ]),
+        );
+        let frame1 = Frame::from_snapshot(&first, None);
+        let mut next = (*first.state).clone();
+        next.services[1] = Arc::new(service("prod", "web", &["10.96.0.12"]));
+        let second = snapshot(2, next);
+        let frame2 = Frame::from_snapshot(&second, Some(&frame1));
+
+        // Same allocation: not encoded again.
+        assert_eq!(
+            frame2.services[0].as_ptr(),
+            frame1.services[0].as_ptr(),
+            "the unchanged service was encoded again"
+        );
+        assert_ne!(frame2.services[1], frame1.services[1]);
+        let fresh = Frame::from_snapshot(&second, None);
+        assert_eq!(frame2.services, fresh.services);
+    }
+
+    #[test]
+    fn next_and_watch_items_carry_the_frame() {
+        let s = snapshot(3, state(vec![service("default", "api", &["10.96.0.11"])]));
+        let frame = Arc::new(Frame::from_snapshot(&s, None));
+        let bytes = |e: Result<Encoded, Status>| {
+            let mut out = Vec::new();
+            e.expect("ok").write(&mut out);
+            out
+        };
+        let next: Vec<_> = frame.clone().next_items(9).map(bytes).collect();
+        let items: Vec<_> = next
+            .iter()
+            .map(|b| pb::NextItem::decode(b.as_slice()).expect("decodes").item)
+            .collect();
+        let api = convert::service_endpoints(&s.state.services[0]);
+        assert_eq!(
+            items,
+            [
+                Some(pb::next_item::Item::Next(pb::NextFilter {
+                    instance_id: 9,
+                    rev: 3
+                })),
+                Some(pb::next_item::Item::Endpoints(api.clone())),
+            ]
+        );
+        use pb::watch_event::Event;
+        let events: Vec<_> = frame
+            .watch_items(9)
+            .map(bytes)
+            .map(|b| pb::WatchEvent::decode(b.as_slice()).expect("decodes").event)
+            .collect();
+        assert_eq!(
+            events,
+            [
+                Some(Event::Begin(pb::StateBegin {
+                    instance_id: 9,
+                    rev: 3,
+                    service_count: 1
+                })),
+                Some(Event::Service(api)),
+                Some(Event::End(pb::StateEnd {})),
+            ]
+        );
+    }
+}
