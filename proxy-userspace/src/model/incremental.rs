@@ -33,9 +33,11 @@ const MERGE_THRESHOLD: usize = 64;
 pub struct Model {
     node: NodeContext,
     cluster: ClusterState,
-    /// Service → the slices whose service-name label names it (slice keys
-    /// sort by name within the Service's namespace: slice-name order).
-    slices_of: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
+    /// Service → the slices whose service-name label names it, sorted
+    /// (slice keys sort by name within the Service's namespace: slice-name
+    /// order). A sorted `Vec`, not a set: most Services have one or two
+    /// slices, and a set's first node costs half a kilobyte.
+    slices_of: HashMap<ObjectKey, Vec<ObjectKey>>,
     /// The current view, sorted by key: what [`Model::state`] hands out.
     services: Vec<Arc<ServiceEndpoints>>,
     /// Services touched since the last recompute.
@@ -104,19 +106,21 @@ impl Model {
                     .get(&r.key)
                     .and_then(EndpointSlice::service_key);
                 if let Some(before) = slice_owner_before {
-                    if let Some(set) = self.slices_of.get_mut(&before) {
-                        set.remove(&r.key);
-                        if set.is_empty() {
+                    if let Some(slices) = self.slices_of.get_mut(&before) {
+                        if let Ok(i) = slices.binary_search(&r.key) {
+                            slices.remove(i);
+                        }
+                        if slices.is_empty() {
                             self.slices_of.remove(&before);
                         }
                     }
                     self.dirty.insert(before);
                 }
                 if let Some(after) = owner_after {
-                    self.slices_of
-                        .entry(after.clone())
-                        .or_default()
-                        .insert(r.key);
+                    let slices = self.slices_of.entry(after.clone()).or_default();
+                    if let Err(i) = slices.binary_search(&r.key) {
+                        slices.insert(i, r.key);
+                    }
                     self.dirty.insert(after);
                 }
             }
