@@ -91,7 +91,10 @@ impl Model {
                 .and_then(EndpointSlice::service_key),
             _ => None,
         };
-        let zone_before = self.own_zone();
+        let zone_before = match r.kind {
+            ObjectKind::Node => self.own_zone(),
+            _ => None,
+        };
         if !self.cluster.apply(change) {
             return false;
         }
