@@ -11,9 +11,9 @@
 //!     affinity first), records both directions in `EKP_CT` and is
 //!     rewritten: DNAT only for a backend on this node (the stack forwards
 //!     it, the reply leaves through `ekp_tc_egress`), DNAT plus SNAT to the
-//!     node's address towards a remote backend, forwarded by FIB lookup and
-//!     redirect, as is the reply (the stack would drop a packet carrying
-//!     its own address as source as a martian).
+//!     node's address on the interface towards a remote backend, forwarded
+//!     by FIB lookup and redirect, as is the reply (the stack would drop a
+//!     packet carrying its own address as source as a martian).
 //! * `ekp_tc_egress`: replies of local backends leaving the node get the
 //!   frontend's address and port back.
 //!
@@ -567,25 +567,25 @@ fn new_flow(ctx: &TcContext, p: &Pkt, now: u64) -> i32 {
         return DROP;
     }
 
-    let (src, sport, redirect) = if be.flags & BACKEND_F_LOCAL != 0 {
-        (p.saddr, p.sport, 0)
+    // A backend on another node is reached with SNAT to the node's address
+    // on the interface towards it, so that its replies come back through
+    // that interface, where this program reverses them. Without a node
+    // address there (or for a local backend), plain DNAT: the replies are
+    // routed back through the node and reversed on their way out.
+    let out_if = if be.flags & BACKEND_F_LOCAL != 0 {
+        0
     } else {
-        // SAFETY: the context is a valid __sk_buff.
-        let in_if = unsafe { (*ctx.skb.skb).ifindex };
-        let out_if = route(ctx, p, &p.saddr, &be.addr);
-        let snat = match iface_addr(out_if, p.family) {
-            Some(a) => Some(a),
-            None => iface_addr(in_if, p.family),
-        };
-        let Some(snat) = snat else {
-            count(STAT_EXT_UNROUTABLE);
-            return DROP;
-        };
-        let Some(port) = snat_port(p, &be, &snat) else {
-            count(STAT_EXT_UNROUTABLE);
-            return DROP;
-        };
-        (snat, port, CT_F_REDIRECT)
+        route(ctx, p, &p.saddr, &be.addr)
+    };
+    let (src, sport, redirect) = match iface_addr(out_if, p.family) {
+        None => (p.saddr, p.sport, 0),
+        Some(snat) => {
+            let Some(port) = snat_port(p, &be, &snat) else {
+                count(STAT_EXT_UNROUTABLE);
+                return DROP;
+            };
+            (snat, port, CT_F_REDIRECT)
+        }
     };
 
     let flow = Flow {

@@ -620,8 +620,9 @@ impl Bed {
         })?
     }
 
-    /// A client in `netns` (the node's by default) and in the test cgroup.
-    /// Returns its output lines.
+    /// A client in `netns` (the node's by default; in the test cgroup only
+    /// there, as a process elsewhere is not on the node). Returns its
+    /// output lines.
     pub fn client(&self, netns: Option<&str>, args: &[&str]) -> Result<Vec<String>> {
         let child = self.spawn_client(netns, args)?;
         let out = child.wait_with_output()?;
@@ -639,12 +640,21 @@ impl Bed {
 
     pub fn spawn_client(&self, netns: Option<&str>, args: &[&str]) -> Result<Child> {
         let netns = netns.unwrap_or(&self.node_netns);
-        // Join the cgroup first, then the network namespace, then exec the
-        // client: every socket it opens is covered by the hooks.
-        let script = r#"echo $$ > "$1/cgroup.procs" && shift && exec nsenter --net="/run/netns/$1" "$2" client "${@:3}""#;
+        // On the node: join the cgroup first, then the network namespace,
+        // then exec the client, so every socket it opens is covered by the
+        // socket hooks. Off the node (another netns): never in the cgroup,
+        // or the socket hooks would serve what the node's packet datapath
+        // must serve.
+        let on_node = netns == self.node_netns;
+        let script = r#"if [ "$1" != - ]; then echo $$ > "$1/cgroup.procs" || exit 1; fi && shift && exec nsenter --net="/run/netns/$1" "$2" client "${@:3}""#;
+        let cgroup = if on_node {
+            self.cgroup.clone().into_os_string()
+        } else {
+            "-".into()
+        };
         let mut cmd = Command::new("bash");
         cmd.args(["-c", script, "client"])
-            .arg(&self.cgroup)
+            .arg(cgroup)
             .arg(netns)
             .arg(&self.xtask_bin)
             .args(args)

@@ -11,9 +11,6 @@ use super::*;
 /// A client outside the node reaches a NodePort on the node's address,
 /// spread over the endpoints (eTP=Cluster).
 pub(super) fn nodeport_outside(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode == "ebpf" {
-        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
-    }
     ensure_daemon(bed)?;
     let svc = Svc {
         kind: "NodePort",
@@ -53,9 +50,6 @@ pub(super) fn nodeport_outside(bed: &mut Bed) -> Result<()> {
 /// reaches no service (the node itself refuses it), while cluster IPs
 /// keep working.
 pub(super) fn nodeport_addresses(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode == "ebpf" {
-        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
-    }
     let svc = Svc {
         kind: "NodePort",
         node_ports: &[30150],
@@ -121,9 +115,6 @@ pub(super) fn nodeport_addresses(bed: &mut Bed) -> Result<()> {
 /// A client outside the node reaches an IPv6 NodePort on the node's IPv6
 /// address, spread over the endpoints' IPv6 addresses.
 pub(super) fn ipv6_nodeport_outside(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode == "ebpf" {
-        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
-    }
     ensure_daemon(bed)?;
     let svc = Svc {
         kind: "NodePort",
@@ -180,9 +171,6 @@ fn load_balancer<'a>(
 /// A client outside the node reaches the service on its external IP and
 /// on its load-balancer IP (eTP=Cluster), spread over the endpoints.
 pub(super) fn external_and_lb_ips(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode == "ebpf" {
-        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
-    }
     ensure_daemon(bed)?;
     let (external_ip, lb_ip) = ("203.0.113.20", "203.0.113.10");
     let addresses = ([external_ip], [lb_ip]);
@@ -213,9 +201,6 @@ pub(super) fn external_and_lb_ips(bed: &mut Bed) -> Result<()> {
 /// load-balancer IP (while the external IP, which the ranges do not cover,
 /// still serves it); once the ranges include it, it is served.
 pub(super) fn lb_source_ranges(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode == "ebpf" {
-        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
-    }
     ensure_daemon(bed)?;
     let (external_ip, lb_ip) = ("203.0.113.21", "203.0.113.11");
     let addresses = ([external_ip], [lb_ip]);
@@ -271,9 +256,6 @@ pub(super) fn lb_source_ranges(bed: &mut Bed) -> Result<()> {
 /// reaches the endpoint on this node (node-1, the daemon's
 /// --hostname-override), and is dropped once no endpoint is local.
 pub(super) fn etp_local_nodeport(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode == "ebpf" {
-        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
-    }
     ensure_daemon(bed)?;
     let svc = Svc {
         kind: "NodePort",
