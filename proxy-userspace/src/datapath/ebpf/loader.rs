@@ -370,7 +370,14 @@ pub struct Attached {
     pub cgroup: PathBuf,
     /// Links of an earlier daemon that the new ones replaced.
     pub replaced_links: usize,
+    /// The loaded object (its iterator programs not yet loaded) for
+    /// [`super::sockdestroy::SockDestroyer::start`].
+    pub sock_destroy: SockDestroyParts,
 }
+
+/// What socket destruction needs from the load; `None` when the kernel
+/// has no `bpf_sock_destroy`.
+pub type SockDestroyParts = Option<(aya::Ebpf, super::sockdestroy::PreparedObject)>;
 
 /// Loads the object, reusing pinned maps, attaches every program to the
 /// cgroup with a pinned link, then removes the links it replaces.
@@ -394,7 +401,7 @@ pub fn load_and_attach(object: &[u8], config: &EbpfConfig) -> Result<Attached, E
             generation::discard_next(&root);
         }
     }
-    let (maps, replaced) = result?;
+    let (maps, replaced, sock_destroy) = result?;
     if let Some((from, to)) = prepared.replacing {
         tracing::info!(
             from,
@@ -406,6 +413,7 @@ pub fn load_and_attach(object: &[u8], config: &EbpfConfig) -> Result<Attached, E
         maps,
         cgroup,
         replaced_links: replaced,
+        sock_destroy,
     })
 }
 
@@ -415,15 +423,18 @@ fn load_and_attach_prepared(
     root: &Path,
     prepared: &generation::Prepared,
     attached_any: &mut bool,
-) -> Result<(KernelMaps, usize), EbpfError> {
+) -> Result<(KernelMaps, usize, SockDestroyParts), EbpfError> {
     let cgroup = cgroup.to_path_buf();
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(root);
     for (name, pin) in &prepared.pins {
         loader.map_pin_path(name, pin.as_path());
     }
+    // With the bpf_sock_destroy kfunc call resolved (None: no socket
+    // destruction on this kernel).
+    let sockd = super::sockdestroy::prepare_object(object);
     let mut ebpf = loader
-        .load(object)
+        .load(sockd.as_ref().map_or(object, |p| p.bytes()))
         .map_err(|e| classify(&e, EbpfError::Load))?;
     let cgroup_dir = File::open(&cgroup).map_err(|e| EbpfError::CgroupPath {
         path: cgroup.clone(),
@@ -504,7 +515,7 @@ fn load_and_attach_prepared(
     }
 
     let maps = KernelMaps::take(&mut ebpf)?;
-    Ok((maps, replaced))
+    Ok((maps, replaced, sockd.map(|p| (ebpf, p))))
 }
 
 fn tail(log: &str, lines: usize) -> String {
