@@ -6,9 +6,12 @@
 //! socket-LB hook connected it to, found in `EKP_REVNAT`), then reads each
 //! iterator once per network namespace. A socket is destroyed only when
 //! * its cookie is listed for this protocol, and
-//! * it is still connected to that backend (peer port, and the peer
-//!   address for IPv4 backends): an unconnected UDP socket that merely sent
-//!   datagrams to the VIP re-balances per datagram and is left alone.
+//! * it is still connected to that backend (connected state, peer port,
+//!   and the peer address for IPv4 backends): an unconnected UDP socket
+//!   that merely sent datagrams to the VIP re-balances per datagram and is
+//!   left alone. An IPv6 peer address sits at an offset of `sock_common`
+//!   that depends on the kernel build, so for IPv6 backends the port and
+//!   the cookie (a socket the hooks sent to exactly that backend) decide.
 //!
 //! Every destroyed socket's cookie is written to the iterator's output
 //! (8 bytes, native order), so the daemon counts exactly what happened.
@@ -24,12 +27,12 @@ use aya_ebpf::{
     maps::HashMap,
 };
 use proxy_common::{
-    SockDestroyTarget, FAMILY_V4, MAX_SOCK_DESTROY, PROTO_TCP, PROTO_UDP,
-    SOCK_DESTROY_KFUNC_MARKER,
+    SockDestroyTarget, FAMILY_V4, MAX_SOCK_DESTROY, PROTO_TCP, PROTO_UDP, SOCK_DESTROY_KFUNC_MARKER,
 };
 
 #[map]
-static EKP_SOCK_DESTROY: HashMap<u64, SockDestroyTarget> = HashMap::with_max_entries(MAX_SOCK_DESTROY, 0);
+static EKP_SOCK_DESTROY: HashMap<u64, SockDestroyTarget> =
+    HashMap::with_max_entries(MAX_SOCK_DESTROY, 0);
 
 // Offsets in `struct sock_common`, stable since long before kernel 6.5
 // (the first members never moved): skc_daddr, skc_dport, skc_state.
@@ -93,7 +96,10 @@ fn visit(ctx: *const IterCtx, proto: u8) -> i32 {
         let connected = if proto == PROTO_UDP {
             state == TCP_ESTABLISHED
         } else {
-            !matches!(state, TCP_TIME_WAIT | TCP_CLOSE | TCP_LISTEN | TCP_NEW_SYN_RECV)
+            !matches!(
+                state,
+                TCP_TIME_WAIT | TCP_CLOSE | TCP_LISTEN | TCP_NEW_SYN_RECV
+            )
         };
         if !connected {
             return 0;
@@ -104,7 +110,8 @@ fn visit(ctx: *const IterCtx, proto: u8) -> i32 {
         }
         // An IPv4 peer is in skc_daddr for AF_INET sockets and for
         // dual-stack AF_INET6 sockets connected to a v4-mapped address.
-        if t_family == FAMILY_V4 && core::ptr::read_volatile(base.add(SKC_DADDR) as *const u32) != t_addr
+        if t_family == FAMILY_V4
+            && core::ptr::read_volatile(base.add(SKC_DADDR) as *const u32) != t_addr
         {
             return 0;
         }

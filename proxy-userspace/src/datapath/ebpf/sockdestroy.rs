@@ -54,6 +54,12 @@ const MAX_CGROUP_DIRS: usize = 100_000;
 /// A (VIP, backend) pair.
 pub type Pair = (Vip, BackendAddr);
 
+/// A backend as `EKP_REVNAT` keys hold it: address words, port (network
+/// order), family marker.
+type BackendKey = ([u32; 4], u16, u8);
+/// A VIP as `EKP_REVNAT` values hold it (no family, no protocol).
+type VipKey = ([u32; 4], u16);
+
 #[derive(Debug, thiserror::Error)]
 pub enum SockDestroyError {
     #[error("map {map}: {op}: {reason}")]
@@ -373,13 +379,13 @@ impl Worker {
         pairs: &[Pair],
     ) -> Result<StdHashMap<u64, SockDestroyTarget>, SockDestroyError> {
         // Backend key → the VIPs (address words, port, protocol) that lost it.
-        let mut lost: StdHashMap<([u32; 4], u16, u8), Vec<([u32; 4], u16, u8)>> = StdHashMap::new();
+        let mut lost: StdHashMap<BackendKey, Vec<(VipKey, u8)>> = StdHashMap::new();
         for (vip, be) in pairs {
             let (baddr, bfam) = encode_ip(be.ip);
             let (vaddr, _) = encode_ip(vip.ip);
             lost.entry((baddr, be.port.to_be(), bfam))
                 .or_default()
-                .push((vaddr, vip.port.to_be(), vip.proto));
+                .push(((vaddr, vip.port.to_be()), vip.proto));
         }
         let mut out = StdHashMap::new();
         for kv in self.revnat.iter() {
@@ -398,7 +404,7 @@ impl Worker {
             let Some(vips) = lost.get(&(k.addr, k.port, k.family)) else {
                 continue;
             };
-            for (vaddr, vport, proto) in vips {
+            for ((vaddr, vport), proto) in vips {
                 if *vaddr == v.addr && *vport == v.port {
                     let t = out.entry(k.cookie).or_insert(SockDestroyTarget {
                         addr: k.addr,
