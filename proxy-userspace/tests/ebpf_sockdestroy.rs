@@ -3,12 +3,13 @@
 //! otherwise the test says why and passes).
 //!
 //! A client in the test cgroup, in a private network namespace, holds a
-//! TCP and a connected UDP socket to a ClusterIP (both balanced to backend
-//! `a`) and a TCP socket straight to `a`'s address. The service then moves
-//! from `a` to `b`: the two balanced sockets are destroyed (the TCP one
-//! fails at once, the UDP one is disconnected and reaches `b` once the
+//! TCP and a connected UDP socket to an IPv4 ClusterIP and a TCP socket to
+//! an IPv6 one (all balanced to backend `a`), and a TCP socket straight to
+//! `a`'s address. The service then moves
+//! from `a` to `b`: the three balanced sockets are destroyed (the TCP ones
+//! fail at once, the UDP one is disconnected and reaches `b` once the
 //! application connects again), the direct one keeps working, and
-//! `ebpf_kube_proxy_sockets_destroyed_total` counts 2. An unconnected UDP
+//! `ebpf_kube_proxy_sockets_destroyed_total` counts 3. An unconnected UDP
 //! socket that sent to the VIP is not destroyed.
 //!
 //! What the application sees (kernel 6.18): TCP `send` fails with
@@ -40,6 +41,8 @@ name, port = sys.argv[1], int(sys.argv[2])
 t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 t.bind(("127.0.0.1", port)); t.listen(16)
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("127.0.0.1", port))
+t6 = socket.socket(socket.AF_INET6); t6.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+t6.bind(("::1", port)); t6.listen(16)
 def conn(c):
     with c:
         while True:
@@ -54,23 +57,28 @@ def udp():
     while True:
         d, a = u.recvfrom(100)
         u.sendto(name.encode() + b":" + d, a)
+def accept(l):
+    while True:
+        c, _ = l.accept()
+        threading.Thread(target=conn, args=(c,), daemon=True).start()
 threading.Thread(target=udp, daemon=True).start()
+threading.Thread(target=accept, args=(t6,), daemon=True).start()
 print("ready", flush=True)
-while True:
-    c, _ = t.accept()
-    threading.Thread(target=conn, args=(c,), daemon=True).start()
+accept(t)
 "#;
 
-/// argv: CGROUP_DIR VIP DIRECT_PORT. Joins the cgroup, opens the three
+/// argv: CGROUP_DIR VIP VIP6 DIRECT_PORT. Joins the cgroup, opens the three
 /// sockets, prints their first replies, waits for a line on stdin, then
 /// uses each socket again and prints what happened.
 const CLIENT: &str = r#"
 import json, os, socket, sys, time
-cg, vip, direct = sys.argv[1], sys.argv[2], int(sys.argv[3])
+cg, vip, vip6, direct = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 with open(cg + "/cgroup.procs", "w") as f:
     f.write(str(os.getpid()))
 t = socket.create_connection((vip, 80), timeout=3)
 t.sendall(b"t1")
+t6 = socket.create_connection((vip6, 80), timeout=3)
+t6.sendall(b"s1")
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 u.settimeout(3)
 u.connect((vip, 53))
@@ -80,7 +88,7 @@ d.sendall(b"d1")
 n = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 n.settimeout(3)
 n.sendto(b"n1", (vip, 53))
-print(json.dumps({"tcp": t.recv(100).decode(), "udp": u.recv(100).decode(),
+print(json.dumps({"tcp": t.recv(100).decode(), "tcp6": t6.recv(100).decode(), "udp": u.recv(100).decode(),
                   "direct": d.recv(100).decode(), "unconnected": n.recv(100).decode()}),
       flush=True)
 sys.stdin.readline()
@@ -95,6 +103,7 @@ def attempt(name, f):
     out[name + "_elapsed"] = time.monotonic() - t0
 attempt("tcp", lambda: (t.sendall(b"t2"), t.recv(100).decode())[1])
 attempt("tcp_recv", lambda: t.recv(100).decode())
+attempt("tcp6", lambda: (t6.sendall(b"s2"), t6.recv(100).decode())[1])
 attempt("udp_send", lambda: u.send(b"u2"))
 attempt("udp_recv", lambda: u.recv(100).decode())
 attempt("udp_peer", lambda: list(u.getpeername()))
@@ -180,20 +189,45 @@ impl Env {
     }
 }
 
-/// ClusterIP 10.96.0.10, TCP 80 and UDP 53, both to `endpoint` on
-/// `port`.
-fn state(endpoint: &str, port: u16) -> LocalState {
-    let ports = [("tcp", Protocol::Tcp, 80), ("dns", Protocol::Udp, 53)];
+/// The services when `port` is the backend's: ClusterIP 10.96.0.10 (TCP
+/// 80, UDP 53) to 127.0.0.1, and fd00:96::10 (TCP 80) to ::1.
+fn state(port: u16) -> LocalState {
+    LocalState::new(vec![
+        service(
+            "echo",
+            "10.96.0.10",
+            &[("tcp", Protocol::Tcp, 80), ("dns", Protocol::Udp, 53)],
+            "127.0.0.1",
+            port,
+        ),
+        service(
+            "echo6",
+            "fd00:96::10",
+            &[("tcp", Protocol::Tcp, 80)],
+            "::1",
+            port,
+        ),
+    ])
+}
+
+fn service(
+    name: &str,
+    cluster_ip: &str,
+    ports: &[(&str, Protocol, u16)],
+    endpoint: &str,
+    port: u16,
+) -> ServiceEndpoints {
     let scopes = EndpointScopes {
         cluster: true,
         local: true,
         internal: true,
         external: true,
     };
-    let ip: IpAddr = "10.96.0.10".parse().unwrap();
-    LocalState::new(vec![ServiceEndpoints {
+    let ip: IpAddr = cluster_ip.parse().unwrap();
+    let v4 = u32::from(ip.is_ipv4());
+    ServiceEndpoints {
         service: LocalService {
-            key: ObjectKey::new("test", "echo"),
+            key: ObjectKey::new("test", name),
             uid: String::new(),
             service_type: LocalServiceType::ClusterIp,
             labels: BTreeMap::new(),
@@ -243,9 +277,9 @@ fn state(endpoint: &str, port: u16) -> LocalState {
                 .collect(),
             target_ref: None,
         }],
-        local_ready_endpoints_v4: 1,
-        local_ready_endpoints_v6: 0,
-    }])
+        local_ready_endpoints_v4: v4,
+        local_ready_endpoints_v6: 1 - v4,
+    }
 }
 
 fn destroyed(registry: &prometheus::Registry) -> Option<f64> {
@@ -307,14 +341,14 @@ fn sockets_balanced_to_a_removed_backend_are_destroyed_and_direct_ones_kept() {
     dp.datapath_mut()
         .register_metrics(&registry)
         .expect("registering metrics");
-    dp.apply(&Arc::new(state("127.0.0.1", 8081)))
+    dp.apply(&Arc::new(state(8081)))
         .expect("apply with backend a");
 
     let mut child = env
         .nsenter()
         .args(["python3", "-c", CLIENT])
         .arg(&env.cgroup)
-        .args(["10.96.0.10", "8081"])
+        .args(["10.96.0.10", "fd00:96::10", "8081"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -329,19 +363,20 @@ fn sockets_balanced_to_a_removed_backend_are_destroyed_and_direct_ones_kept() {
     };
     let first = read();
     assert_eq!(first["tcp"], "a:t1", "{first}");
+    assert_eq!(first["tcp6"], "a:s1", "{first}");
     assert_eq!(first["udp"], "a:u1", "{first}");
     assert_eq!(first["direct"], "a:d1", "{first}");
     assert_eq!(first["unconnected"], "a:n1", "{first}");
     assert_eq!(destroyed(&registry), Some(0.0));
 
     // The service moves to b: a's balanced sockets go, in the background.
-    dp.apply(&Arc::new(state("127.0.0.1", 8082)))
+    dp.apply(&Arc::new(state(8082)))
         .expect("apply with backend b");
     let deadline = Instant::now() + Duration::from_secs(5);
-    while destroyed(&registry) != Some(2.0) && Instant::now() < deadline {
+    while destroyed(&registry) != Some(3.0) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(destroyed(&registry), Some(2.0), "sockets destroyed");
+    assert_eq!(destroyed(&registry), Some(3.0), "sockets destroyed");
 
     writeln!(stdin, "go").expect("waking the client");
     let after = read();
@@ -349,6 +384,7 @@ fn sockets_balanced_to_a_removed_backend_are_destroyed_and_direct_ones_kept() {
     // TCP: an error at once, not a hang until the 3 s timeout.
     assert!(after["tcp_errno"].is_i64(), "{after}");
     assert!(after["tcp_elapsed"].as_f64().unwrap() < 1.0, "{after}");
+    assert!(after["tcp6_errno"].is_i64(), "{after}");
     // Connected UDP: disconnected by the kernel; the next send without an
     // address fails at once, and connecting again reaches b.
     assert!(after["udp_send_errno"].is_i64(), "{after}");
@@ -359,5 +395,5 @@ fn sockets_balanced_to_a_removed_backend_are_destroyed_and_direct_ones_kept() {
     // Unconnected UDP that sent to the VIP: balanced per datagram, so left
     // alone (not counted above) and its next datagram goes to b.
     assert_eq!(after["unconnected"], "b:n2", "{after}");
-    assert_eq!(destroyed(&registry), Some(2.0), "sockets destroyed");
+    assert_eq!(destroyed(&registry), Some(3.0), "sockets destroyed");
 }
