@@ -13,19 +13,16 @@
 //!   that depends on the kernel build, so for IPv6 backends the port and
 //!   the cookie (a socket the hooks sent to exactly that backend) decide.
 //!
-//! Every destroyed socket's cookie is written to the iterator's output
-//! (8 bytes, native order), so the daemon counts exactly what happened.
+//! The program deletes the entry of every socket it destroyed: the daemon
+//! counts the entries gone, and a socket shown twice (a read cut short by
+//! a full buffer repeats the element) is handled once.
 //!
 //! aya-ebpf has no kfunc support and aya does not relocate extern
 //! functions, so the call is one hand-encoded instruction
 //! (`BPF_PSEUDO_KFUNC_CALL`) whose immediate is a marker the daemon
 //! replaces with the kfunc's vmlinux BTF id before loading the object.
 
-use aya_ebpf::{
-    helpers::generated::{bpf_get_socket_cookie, bpf_seq_write},
-    macros::map,
-    maps::HashMap,
-};
+use aya_ebpf::{helpers::generated::bpf_get_socket_cookie, macros::map, maps::HashMap};
 use proxy_common::{
     SockDestroyTarget, FAMILY_V4, MAX_SOCK_DESTROY, PROTO_TCP, PROTO_UDP, SOCK_DESTROY_KFUNC_MARKER,
 };
@@ -68,7 +65,7 @@ unsafe fn sock_destroy(sk: u64) -> i64 {
 /// and the socket (`struct sock_common *` / `struct udp_sock *`).
 #[repr(C)]
 pub struct IterCtx {
-    meta: *const *mut core::ffi::c_void,
+    _meta: *const core::ffi::c_void,
     sk: u64,
 }
 
@@ -81,7 +78,7 @@ fn visit(ctx: *const IterCtx, proto: u8) -> i32 {
         if sk == 0 {
             return 0;
         }
-        let mut cookie = bpf_get_socket_cookie(sk as *mut _);
+        let cookie = bpf_get_socket_cookie(sk as *mut _);
         let Some(t) = EKP_SOCK_DESTROY.get(&cookie) else {
             return 0;
         };
@@ -115,16 +112,9 @@ fn visit(ctx: *const IterCtx, proto: u8) -> i32 {
         {
             return 0;
         }
-        if sock_destroy(sk) != 0 {
-            return 0;
+        if sock_destroy(sk) == 0 {
+            let _ = EKP_SOCK_DESTROY.remove(&cookie);
         }
-        let meta = core::ptr::read_volatile(&(*ctx).meta);
-        let seq = core::ptr::read_volatile(meta);
-        bpf_seq_write(
-            seq as *mut _,
-            &mut cookie as *mut u64 as *mut _,
-            core::mem::size_of::<u64>() as u32,
-        );
     }
     0
 }

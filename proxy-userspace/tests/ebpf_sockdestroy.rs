@@ -282,12 +282,16 @@ fn service(
     }
 }
 
-fn destroyed(registry: &prometheus::Registry) -> Option<f64> {
+fn counter(registry: &prometheus::Registry, name: &str) -> Option<f64> {
     registry
         .gather()
         .iter()
-        .find(|f| f.name() == "ebpf_kube_proxy_sockets_destroyed_total")
+        .find(|f| f.name() == name)
         .map(|f| f.get_metric()[0].get_counter().get_value())
+}
+
+fn destroyed(registry: &prometheus::Registry) -> Option<f64> {
+    counter(registry, "ebpf_kube_proxy_sockets_destroyed_total")
 }
 
 fn skip(why: &str) {
@@ -315,6 +319,11 @@ fn sockets_balanced_to_a_removed_backend_are_destroyed_and_direct_ones_kept() {
         return skip("no cgroup v2 mount");
     };
 
+    // The datapath's warnings (a verifier log, say) in the test output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("warn")
+        .with_test_writer()
+        .try_init();
     let pid = std::process::id();
     let mut env = Env {
         netns: format!("ekp-sockd-{pid}"),
@@ -377,6 +386,10 @@ fn sockets_balanced_to_a_removed_backend_are_destroyed_and_direct_ones_kept() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(destroyed(&registry), Some(3.0), "sockets destroyed");
+    assert_eq!(
+        counter(&registry, "ebpf_kube_proxy_socket_destroy_errors_total"),
+        Some(0.0)
+    );
 
     writeln!(stdin, "go").expect("waking the client");
     let after = read();

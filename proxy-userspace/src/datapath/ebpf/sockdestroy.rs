@@ -434,39 +434,40 @@ impl Worker {
         let mut destroyed = 0;
         let all: Vec<(u64, SockDestroyTarget)> = targets.into_iter().collect();
         for batch in all.chunks(MAX_SOCK_DESTROY as usize) {
-            let r = self.destroy_batch(batch, &namespaces);
-            for (cookie, _) in batch {
-                // Already gone (never inserted) is fine.
-                let _ = self.targets.remove(cookie);
-            }
-            match r {
-                Ok(n) => destroyed += n,
-                Err((n, e)) => return Err((destroyed + n, e)),
+            let (n, error) = self.destroy_batch(batch, &namespaces);
+            destroyed += n;
+            if let Some(e) = error {
+                return Err((destroyed, e));
             }
         }
         Ok(destroyed)
     }
 
+    /// Lists `batch` in the map, runs the iterators in every namespace and
+    /// empties the map again. The program deletes the entry of each socket
+    /// it destroyed, so the entries found missing afterwards are the count
+    /// (exact even when a read is cut short and an element shown again).
     fn destroy_batch(
         &mut self,
         batch: &[(u64, SockDestroyTarget)],
         namespaces: &[Netns],
-    ) -> Result<u64, (u64, SockDestroyError)> {
+    ) -> (u64, Option<SockDestroyError>) {
         let mut tcp = false;
         let mut udp = false;
+        let mut inserted = Vec::with_capacity(batch.len());
+        let mut first_error = None;
         for (cookie, t) in batch {
+            if let Err(e) = self.targets.insert(cookie, t, 0) {
+                first_error = Some(SockDestroyError::Map {
+                    map: MAP_SOCK_DESTROY,
+                    op: "insert",
+                    reason: chain(&e),
+                });
+                break;
+            }
+            inserted.push(*cookie);
             tcp |= t.proto != PROTO_UDP;
             udp |= t.proto != PROTO_TCP;
-            self.targets.insert(cookie, t, 0).map_err(|e| {
-                (
-                    0,
-                    SockDestroyError::Map {
-                        map: MAP_SOCK_DESTROY,
-                        op: "insert",
-                        reason: chain(&e),
-                    },
-                )
-            })?;
         }
         let mut programs = Vec::new();
         if tcp {
@@ -475,34 +476,41 @@ impl Worker {
         if udp {
             programs.push(PROG_SOCK_DESTROY_UDP);
         }
-        let mut destroyed = 0;
-        let mut first_error = None;
         for ns in namespaces {
-            match in_netns(ns, || {
-                let mut n = 0;
-                for p in &programs {
-                    n += run_iterator(&mut self.ebpf, p)?;
-                }
-                Ok(n)
-            }) {
-                Ok(n) => destroyed += n,
-                // One namespace failing (its processes exited) must not
-                // keep the others' sockets alive.
+            let r = in_netns(ns, || {
+                programs
+                    .iter()
+                    .try_for_each(|p| run_iterator(&mut self.ebpf, p))
+            });
+            // One namespace failing (say its processes exited) must not
+            // keep the others' sockets alive.
+            if let Err(e) = r {
+                first_error.get_or_insert(e);
+            }
+        }
+        let mut destroyed = 0;
+        for cookie in &inserted {
+            match self.targets.remove(cookie) {
+                Ok(()) => {}
+                // aya reports a missing key as ENOENT from the syscall.
+                Err(e) if super::loader::errno_in(&e) == Some(libc::ENOENT) => destroyed += 1,
+                Err(aya::maps::MapError::KeyNotFound) => destroyed += 1,
                 Err(e) => {
-                    first_error.get_or_insert(e);
+                    first_error.get_or_insert(SockDestroyError::Map {
+                        map: MAP_SOCK_DESTROY,
+                        op: "delete",
+                        reason: chain(&e),
+                    });
                 }
             }
         }
-        match first_error {
-            None => Ok(destroyed),
-            Some(e) => Err((destroyed, e)),
-        }
+        (destroyed, first_error)
     }
 }
 
-/// Reads the iterator once in the calling thread's network namespace; the
-/// number of sockets it destroyed (it writes one cookie per socket).
-fn run_iterator(ebpf: &mut Ebpf, program: &'static str) -> Result<u64, SockDestroyError> {
+/// Reads the iterator to its end in the calling thread's network
+/// namespace (it prints nothing; running it is the point).
+fn run_iterator(ebpf: &mut Ebpf, program: &'static str) -> Result<(), SockDestroyError> {
     let err = |reason: String| SockDestroyError::Iterator { program, reason };
     let prog: &mut Iter = ebpf
         .program_mut(program)
@@ -515,7 +523,7 @@ fn run_iterator(ebpf: &mut Ebpf, program: &'static str) -> Result<u64, SockDestr
     let mut out = Vec::new();
     file.read_to_end(&mut out)
         .map_err(|e| err(format!("reading: {e}")))?;
-    Ok((out.len() / size_of::<u64>()) as u64)
+    Ok(())
 }
 
 /// One network namespace: its file and a pid in it (for messages).
