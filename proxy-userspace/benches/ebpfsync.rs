@@ -71,6 +71,7 @@ fn open(place: &Place) -> EbpfDatapath {
         bpffs_root: place.bpffs.clone(),
         cgroup_path: Some(place.cgroup.clone()),
         map_size: generation::DEFAULT_MAP_SIZE,
+        nodeport_addresses: Vec::new(),
     })
     .expect("opening the eBPF datapath")
 }

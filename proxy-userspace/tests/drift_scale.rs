@@ -134,6 +134,7 @@ fn ebpf_check_at_10k_services_is_clean_and_fast() {
         bpffs_root: place.bpffs.clone(),
         cgroup_path: Some(place.cgroup.clone()),
         map_size: ebpf::generation::DEFAULT_MAP_SIZE,
+        nodeport_addresses: Vec::new(),
     })
     .expect("open the eBPF datapath");
     let mut dp = Applier::new(Box::new(dp));

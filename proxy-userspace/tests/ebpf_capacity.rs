@@ -163,6 +163,7 @@ impl Env {
             bpffs_root: self.bpffs.clone(),
             cgroup_path: Some(self.cgroup.clone()),
             map_size,
+            nodeport_addresses: Vec::new(),
         }
     }
 

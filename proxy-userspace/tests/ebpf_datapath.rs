@@ -363,6 +363,7 @@ fn cluster_ip_traffic_is_balanced_in_the_kernel_and_survives_a_restart() {
         bpffs_root: env.bpffs.clone(),
         cgroup_path: Some(env.cgroup.clone()),
         map_size: ebpf::generation::DEFAULT_MAP_SIZE,
+        nodeport_addresses: Vec::new(),
     };
     let mut dp = Applier::new(Box::new(
         EbpfDatapath::open(&config).expect("loading the eBPF datapath"),

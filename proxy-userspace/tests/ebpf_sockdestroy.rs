@@ -342,6 +342,9 @@ fn sockets_balanced_to_a_removed_backend_are_destroyed_and_direct_ones_kept() {
         bpffs_root: env.bpffs.clone(),
         cgroup_path: Some(env.cgroup.clone()),
         map_size: ebpf::generation::DEFAULT_MAP_SIZE,
+        // An address no interface has: no tc program on the host's
+        // interfaces (this test is about the socket hooks only).
+        nodeport_addresses: vec!["192.0.2.254/32".parse().unwrap()],
     };
     let mut dp = Applier::new(Box::new(
         EbpfDatapath::open(&config).expect("loading the eBPF datapath"),

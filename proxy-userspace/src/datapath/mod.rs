@@ -186,6 +186,7 @@ pub fn select(
         bpffs_root: config.bpffs_root.clone(),
         cgroup_path: config.cgroup_path.clone(),
         map_size: config.ebpf_map_size,
+        nodeport_addresses: config.nodeport_addresses.clone(),
     };
     let choice = |mode, fallback: Option<&ebpf::EbpfError>| DatapathChoice {
         mode,

@@ -28,6 +28,7 @@ pub mod counters;
 pub mod desired;
 pub mod drift;
 pub mod dump;
+pub mod external;
 pub mod generation;
 pub mod loader;
 pub mod maps;
@@ -35,6 +36,7 @@ pub mod plan;
 pub mod sockdestroy;
 
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use crate::model::{LocalState, ObjectKey};
@@ -45,6 +47,7 @@ use super::{
 use crate::model::claims::Claims;
 use codec::Vip;
 use desired::DesiredService;
+use external::{ExtMaps, NodeIface};
 use maps::KernelMaps;
 use plan::{Change, PlanProblem, Programmed};
 
@@ -68,6 +71,9 @@ pub struct EbpfConfig {
     pub cgroup_path: Option<PathBuf>,
     /// Entries of the services and backends maps (`--ebpf-map-size`).
     pub map_size: u32,
+    /// `--nodeport-addresses`: the node addresses node ports are served on
+    /// and whose interfaces get the tc programs (empty = every address).
+    pub nodeport_addresses: Vec<crate::net::Cidr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +112,14 @@ pub enum EbpfError {
         cgroup: PathBuf,
         reason: String,
     },
+    #[error("attaching {program} to interface {iface} (TCX): {reason}")]
+    AttachTc {
+        program: String,
+        iface: String,
+        reason: String,
+    },
+    #[error("{0}")]
+    NodeAddresses(#[from] crate::node_addrs::NodeAddrsError),
     #[error("pinning {}: {reason}", path.display())]
     Pin { path: PathBuf, reason: String },
     #[error("map {map} is full: {} entries needed, it holds {capacity}; the state does not fit (raise --ebpf-map-size); the services it could not hold were left as they were", needed.map_or_else(|| "more".to_owned(), |n| n.to_string()))]
@@ -165,6 +179,12 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// The eBPF datapath of a running daemon.
 pub struct EbpfDatapath {
     maps: KernelMaps,
+    ext: ExtMaps,
+    /// The loaded object, to attach the tc programs to new interfaces.
+    ebpf: aya::Ebpf,
+    /// Interfaces the tc programs serve, and the node ports' addresses.
+    ifaces: Vec<NodeIface>,
+    node_ips: Vec<IpAddr>,
     view: Programmed,
     /// The VIPs each service has programmed (those it owns).
     owned: HashMap<ObjectKey, Vec<Vip>>,
@@ -198,13 +218,16 @@ impl EbpfDatapath {
         if !object_embedded() {
             return Err(EbpfError::NoObject);
         }
-        let mut attached = loader::load_and_attach(OBJECT, config)?;
+        let ifaces = node_ifaces(config)?;
+        let mut attached = loader::load_and_attach(OBJECT, config, &ifaces)?;
+        attached.ext.sync_ifaces(&ifaces)?;
         let view = attached.maps.read_view()?;
         let sock_destroy_metrics = sockdestroy::SockDestroyMetrics::new()
             .map_err(|e| EbpfError::Load(format!("metrics: {e}")))?;
         let sock_destroyer = start_sock_destroyer(&mut attached, &sock_destroy_metrics);
         tracing::info!(
             cgroup = %attached.cgroup.display(),
+            interfaces = %iface_names(&ifaces),
             bpffs_root = %config.bpffs_root.display(),
             adopted_service_entries = view.service_entry_count(),
             adopted_backends = view.backend_count(),
@@ -215,6 +238,10 @@ impl EbpfDatapath {
             .map_err(|e| EbpfError::Load(format!("metrics: {e}")))?;
         let dp = EbpfDatapath {
             maps: attached.maps,
+            ext: attached.ext,
+            ebpf: attached.ebpf,
+            node_ips: external::node_ips(&ifaces),
+            ifaces,
             view,
             owned: HashMap::new(),
             root: config.bpffs_root.clone(),
@@ -231,10 +258,16 @@ impl EbpfDatapath {
     /// Loads and attaches the programs again (the pinned maps are reused),
     /// replacing every link, and reads the maps back.
     fn relink(&mut self) -> Result<(), EbpfError> {
-        let mut attached = loader::load_and_attach(OBJECT, &self.config)?;
+        let ifaces = node_ifaces(&self.config)?;
+        let mut attached = loader::load_and_attach(OBJECT, &self.config, &ifaces)?;
+        attached.ext.sync_ifaces(&ifaces)?;
         self.view = attached.maps.read_view()?;
         self.sock_destroyer = start_sock_destroyer(&mut attached, &self.sock_destroy_metrics);
         self.maps = attached.maps;
+        self.ext = attached.ext;
+        self.ebpf = attached.ebpf;
+        self.node_ips = external::node_ips(&ifaces);
+        self.ifaces = ifaces;
         self.relink = false;
         self.show_capacity();
         tracing::info!(
@@ -279,6 +312,21 @@ impl EbpfDatapath {
     }
 
     fn apply_changes(&mut self, changes: Vec<Change<'_>>) -> Result<ApplyStats, EbpfError> {
+        // Source ranges are written before the headers that ask for them
+        // and removed after the headers stopped asking.
+        let mut ranges_after: Vec<(Vip, Vec<crate::net::Cidr>)> = Vec::new();
+        let mut ranges_before: Vec<(Vip, &[crate::net::Cidr])> = Vec::new();
+        for c in &changes {
+            match c {
+                Change::Upsert(d) => {
+                    let keep = d.source_ranges.as_deref().unwrap_or(&[]);
+                    ranges_before.push((d.vip, keep));
+                    ranges_after.push((d.vip, keep.to_vec()));
+                }
+                Change::Remove(vip) => ranges_after.push((*vip, Vec::new())),
+            }
+        }
+        self.ext.add_ranges(ranges_before)?;
         let plan = plan::plan(&self.view, changes);
         self.check_fits(&plan.ops)?;
         let pairs = self
@@ -286,6 +334,9 @@ impl EbpfDatapath {
             .as_ref()
             .map(|_| sockdestroy::removed_and_added(&self.view, &plan.ops));
         maps::execute(&plan.ops, &mut self.view, &mut self.maps)?;
+        for (vip, keep) in &ranges_after {
+            self.ext.trim_ranges(vip, keep)?;
+        }
         let gc = plan::plan_gc(&self.view);
         maps::execute(&gc, &mut self.view, &mut self.maps)?;
         if let (Some(d), Some((removed, added))) = (&self.sock_destroyer, pairs) {
@@ -306,6 +357,46 @@ impl EbpfDatapath {
         );
         Ok(ApplyStats {
             services_changed: plan.vips_changed,
+        })
+    }
+
+    /// Follows the node's addresses: attaches the tc programs to
+    /// interfaces that gained a selected address, detaches them from those
+    /// that lost all, and, when the node ports' addresses changed, reports
+    /// it so that the next full sync moves the node ports.
+    fn follow_node_addresses(&mut self) -> Result<Vec<Drift>, EbpfError> {
+        let ifaces = node_ifaces(&self.config)?;
+        if ifaces == self.ifaces {
+            return Ok(Vec::new());
+        }
+        let added: Vec<NodeIface> = ifaces
+            .iter()
+            .filter(|i| !self.ifaces.iter().any(|o| o.ifindex == i.ifindex))
+            .cloned()
+            .collect();
+        external::attach(&mut self.ebpf, &self.root, &added)?;
+        external::detach_others(&self.root, &ifaces)?;
+        self.ext.sync_ifaces(&ifaces)?;
+        let node_ips = external::node_ips(&ifaces);
+        tracing::info!(
+            interfaces = %iface_names(&ifaces),
+            addresses = ?node_ips,
+            "node addresses changed; tc programs follow"
+        );
+        let moved = node_ips != self.node_ips;
+        let before = format!("{:?}", self.node_ips);
+        self.ifaces = ifaces;
+        self.node_ips = node_ips;
+        Ok(if moved {
+            vec![Drift::new(
+                crate::datapath::drift::DriftKind::MapEntry,
+                "node port addresses".to_owned(),
+                "",
+                &before,
+                &format!("{:?}", self.node_ips),
+            )]
+        } else {
+            Vec::new()
         })
     }
 
@@ -362,7 +453,13 @@ impl Datapath for EbpfDatapath {
 
     fn verify(&mut self) -> Result<Vec<Drift>, DatapathError> {
         let mut out = drift::missing_links(&self.root);
+        out.extend(
+            external::missing_pins(&self.root, &self.ifaces)
+                .into_iter()
+                .map(|name| drift::missing_link(&self.root, &name)),
+        );
         self.relink |= !out.is_empty();
+        out.extend(self.follow_node_addresses()?);
         let found = self.maps.read_view()?;
         // Who owns a VIP: worked out only when something differs.
         let owners: std::cell::OnceCell<HashMap<Vip, &ObjectKey>> = std::cell::OnceCell::new();
@@ -396,7 +493,7 @@ impl Datapath for EbpfDatapath {
         if self.relink {
             self.relink()?;
         }
-        let desired = desired::desired_state(next, claims);
+        let desired = desired::desired_state(next, claims, &self.node_ips);
         let wanted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
         let mut stale: Vec<Vip> = self
             .view
@@ -431,7 +528,7 @@ impl Datapath for EbpfDatapath {
         let desired: Vec<DesiredService> = changed
             .iter()
             .filter_map(|c| c.next)
-            .flat_map(|se| desired::desired_services(se, claims))
+            .flat_map(|se| desired::desired_services(se, claims, &self.node_ips))
             .collect();
         let upserted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
         let mut changes = Vec::new();
@@ -457,9 +554,9 @@ fn start_sock_destroyer(
     attached: &mut loader::Attached,
     metrics: &sockdestroy::SockDestroyMetrics,
 ) -> Option<sockdestroy::SockDestroyer> {
-    let (ebpf, prepared) = attached.sock_destroy.take()?;
+    let prepared = attached.sock_destroy.take()?;
     let started = sockdestroy::SockDestroyer::start(
-        ebpf,
+        &mut attached.ebpf,
         &prepared,
         attached.cgroup.clone(),
         metrics.clone(),
@@ -469,6 +566,21 @@ fn start_sock_destroyer(
             tracing::warn!(error = %chain(e), "socket iterators not loaded: sockets of removed backends will not be destroyed");
         })
         .ok()
+}
+
+/// The interfaces holding the node addresses `--nodeport-addresses`
+/// selects.
+fn node_ifaces(config: &EbpfConfig) -> Result<Vec<NodeIface>, EbpfError> {
+    let all = crate::node_addrs::list()?;
+    Ok(external::group(&crate::node_addrs::select(
+        &all,
+        &config.nodeport_addresses,
+    )))
+}
+
+fn iface_names(ifaces: &[NodeIface]) -> String {
+    let names: Vec<&str> = ifaces.iter().map(|i| i.name.as_str()).collect();
+    names.join(",")
 }
 
 /// The default pin directory's parent, mounted as bpffs when needed.

@@ -27,15 +27,17 @@
 use std::collections::{HashMap as StdHashMap, HashSet};
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::AsRawFd;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
 use aya::maps::{HashMap, MapData};
-use aya::programs::Iter;
+use aya::programs::{Iter, ProgramFd};
 use aya::{Btf, Ebpf};
+use aya_obj::generated::{bpf_attach_type, bpf_attr, bpf_cmd};
 use prometheus::{IntCounter, Opts};
 use proxy_common::{
     RevNatKey, RevNatValue, SockDestroyTarget, MAP_REVNAT, MAP_SOCK_DESTROY, MAX_SOCK_DESTROY,
@@ -43,7 +45,7 @@ use proxy_common::{
 };
 
 use super::chain;
-use super::codec::{encode_ip, BackendAddr, Vip};
+use super::codec::{encode_ip, BackendAddr, Scope, Vip};
 use super::plan::{Op, Programmed};
 
 /// The kfunc the iterators call.
@@ -51,8 +53,8 @@ const KFUNC: &str = "bpf_sock_destroy";
 /// Most cgroup directories and processes looked at to find namespaces.
 const MAX_CGROUP_DIRS: usize = 100_000;
 
-/// A (VIP, backend) pair.
-pub type Pair = (Vip, BackendAddr);
+/// A VIP and a backend's address.
+pub type Pair = (Vip, SocketAddr);
 
 /// A backend as `EKP_REVNAT` keys hold it: address words, port (network
 /// order), family marker.
@@ -145,13 +147,16 @@ pub fn patch_kfunc_calls(object: &mut [u8], id: u32) -> usize {
     n
 }
 
-/// The pairs a plan removes from services and the pairs it puts in,
-/// worked out from its slot writes against the view before it runs. A
-/// backend moved from one slot to another of the same VIP is in neither.
+/// The pairs a plan removes from socket-LB services and the pairs it
+/// puts in, worked out from its slot writes against the view before it
+/// runs. Backends are compared by address and port only: a backend moved
+/// from one slot to another of the same VIP, or written again with other
+/// flags, is in neither. VIPs of the tc programs are left out (their
+/// connections are not sockets on this node).
 pub fn removed_and_added(view: &Programmed, ops: &[Op]) -> (Vec<Pair>, Vec<Pair>) {
     let mut new_backends: StdHashMap<u32, BackendAddr> = StdHashMap::new();
     let mut old: StdHashMap<(Vip, u16), u32> = StdHashMap::new();
-    let mut put: HashSet<(Vip, u32)> = HashSet::new();
+    let mut put: Vec<(Vip, u32)> = Vec::new();
     for op in ops {
         match op {
             Op::PutBackend { id, addr } => {
@@ -161,32 +166,31 @@ pub fn removed_and_added(view: &Programmed, ops: &[Op]) -> (Vec<Pair>, Vec<Pair>
                 vip,
                 slot,
                 backend_id,
-            } => {
+            } if vip.scope == Scope::Socket => {
                 old.entry((*vip, *slot))
                     .or_insert_with(|| slot_value(view, vip, *slot));
-                put.insert((*vip, *backend_id));
+                put.push((*vip, *backend_id));
             }
-            Op::DeleteSlot { vip, slot } => {
+            Op::DeleteSlot { vip, slot } if vip.scope == Scope::Socket => {
                 old.entry((*vip, *slot))
                     .or_insert_with(|| slot_value(view, vip, *slot));
             }
             _ => {}
         }
     }
-    let was: HashSet<(Vip, u32)> = old
+    let addr = |id: u32| view.backend(id).or_else(|| new_backends.get(&id).copied());
+    let pair = |(vip, id): (Vip, u32)| {
+        let a = addr(id)?;
+        Some((vip, SocketAddr::new(a.ip, a.port)))
+    };
+    let was: HashSet<Pair> = old
         .into_iter()
         .filter(|(_, id)| *id != 0)
-        .map(|((vip, _), id)| (vip, id))
+        .filter_map(|((vip, _), id)| pair((vip, id)))
         .collect();
-    let addr = |id: u32| view.backend(id).or_else(|| new_backends.get(&id).copied());
-    let removed = was
-        .difference(&put)
-        .filter_map(|(vip, id)| Some((*vip, addr(*id)?)))
-        .collect();
-    let added = put
-        .difference(&was)
-        .filter_map(|(vip, id)| Some((*vip, addr(*id)?)))
-        .collect();
+    let put: HashSet<Pair> = put.into_iter().filter_map(pair).collect();
+    let removed = was.difference(&put).copied().collect();
+    let added = put.difference(&was).copied().collect();
     (removed, added)
 }
 
@@ -240,15 +244,16 @@ impl std::fmt::Debug for SockDestroyer {
 }
 
 impl SockDestroyer {
-    /// Loads the iterator programs from `ebpf` (loaded from `prepared`)
-    /// and starts the worker. `cgroup` is where the hooks are attached:
-    /// its processes' namespaces are searched.
+    /// Loads the iterator programs of `ebpf` (loaded from `prepared`),
+    /// takes the maps they use and starts the worker. `cgroup` is where the
+    /// hooks are attached: its processes' namespaces are searched.
     pub fn start(
-        mut ebpf: Ebpf,
+        ebpf: &mut Ebpf,
         prepared: &PreparedObject,
         cgroup: PathBuf,
         metrics: SockDestroyMetrics,
     ) -> Result<SockDestroyer, SockDestroyError> {
+        let mut fds = Vec::new();
         for (name, kind) in [
             (PROG_SOCK_DESTROY_TCP, "tcp"),
             (PROG_SOCK_DESTROY_UDP, "udp"),
@@ -269,13 +274,17 @@ impl SockDestroyer {
                 } => err(format!("{io_error}; verifier log: {verifier_log}")),
                 other => err(chain(&other)),
             })?;
+            // The worker thread keeps its own handle: the Ebpf stays with
+            // the datapath.
+            let fd = prog.fd().map_err(|e| err(chain(&e)))?;
+            fds.push((name, fd.try_clone().map_err(|e| err(e.to_string()))?));
         }
-        let targets = take_map(&mut ebpf, MAP_SOCK_DESTROY)?;
-        let revnat = take_map(&mut ebpf, MAP_REVNAT)?;
+        let targets = take_map(ebpf, MAP_SOCK_DESTROY)?;
+        let revnat = take_map(ebpf, MAP_REVNAT)?;
         let pending: Pending = Arc::default();
         let (wake, rx) = mpsc::channel();
         let worker = Worker {
-            ebpf,
+            programs: fds,
             targets,
             revnat,
             cgroup,
@@ -331,8 +340,8 @@ fn take_map<K: aya::Pod, V: aya::Pod>(
 }
 
 struct Worker {
-    /// Holds the loaded iterator programs.
-    ebpf: Ebpf,
+    /// The loaded iterator programs, TCP's first.
+    programs: Vec<(&'static str, ProgramFd)>,
     targets: HashMap<MapData, u64, SockDestroyTarget>,
     revnat: HashMap<MapData, RevNatKey, RevNatValue>,
     cgroup: PathBuf,
@@ -381,9 +390,9 @@ impl Worker {
         // Backend key → the VIPs (address words, port, protocol) that lost it.
         let mut lost: StdHashMap<BackendKey, Vec<(VipKey, u8)>> = StdHashMap::new();
         for (vip, be) in pairs {
-            let (baddr, bfam) = encode_ip(be.ip);
+            let (baddr, bfam) = encode_ip(be.ip());
             let (vaddr, _) = encode_ip(vip.ip);
-            lost.entry((baddr, be.port.to_be(), bfam))
+            lost.entry((baddr, be.port().to_be(), bfam))
                 .or_default()
                 .push(((vaddr, vip.port.to_be()), vip.proto));
         }
@@ -469,18 +478,22 @@ impl Worker {
             tcp |= t.proto != PROTO_UDP;
             udp |= t.proto != PROTO_TCP;
         }
-        let mut programs = Vec::new();
-        if tcp {
-            programs.push(PROG_SOCK_DESTROY_TCP);
-        }
-        if udp {
-            programs.push(PROG_SOCK_DESTROY_UDP);
-        }
+        let programs: Vec<&(&'static str, ProgramFd)> = self
+            .programs
+            .iter()
+            .filter(|(name, _)| {
+                if *name == PROG_SOCK_DESTROY_TCP {
+                    tcp
+                } else {
+                    udp
+                }
+            })
+            .collect();
         for ns in namespaces {
             let r = in_netns(ns, || {
                 programs
                     .iter()
-                    .try_for_each(|p| run_iterator(&mut self.ebpf, p))
+                    .try_for_each(|(name, fd)| run_iterator(name, fd))
             });
             // One namespace failing (say its processes exited) must not
             // keep the others' sockets alive.
@@ -509,21 +522,48 @@ impl Worker {
 }
 
 /// Reads the iterator to its end in the calling thread's network
-/// namespace (it prints nothing; running it is the point).
-fn run_iterator(ebpf: &mut Ebpf, program: &'static str) -> Result<(), SockDestroyError> {
-    let err = |reason: String| SockDestroyError::Iterator { program, reason };
-    let prog: &mut Iter = ebpf
-        .program_mut(program)
-        .ok_or_else(|| err("not loaded".to_owned()))?
-        .try_into()
-        .map_err(|e: aya::programs::ProgramError| err(chain(&e)))?;
-    let id = prog.attach().map_err(|e| err(chain(&e)))?;
-    let link = prog.take_link(id).map_err(|e| err(chain(&e)))?;
-    let mut file = link.into_file().map_err(|e| err(chain(&e)))?;
+/// namespace (it prints nothing; running it is the point). The link and
+/// the iterator are created with raw `bpf()` calls: aya offers them only
+/// through the `Ebpf` that owns the program, which the datapath keeps.
+fn run_iterator(program: &'static str, prog: &ProgramFd) -> Result<(), SockDestroyError> {
+    let err = |what: &str, e: std::io::Error| SockDestroyError::Iterator {
+        program,
+        reason: format!("{what}: {e}"),
+    };
+    // SAFETY: an all-zero bpf_attr is the documented "no options" value.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // Writes to union fields of plain integers (no unsafe needed).
+    attr.link_create.__bindgen_anon_1.prog_fd = prog.as_fd().as_raw_fd() as u32;
+    attr.link_create.attach_type = bpf_attach_type::BPF_TRACE_ITER as u32;
+    let link = bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr).map_err(|e| err("bpf_link_create", e))?;
+    // SAFETY: as above.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    attr.iter_create.link_fd = link.as_raw_fd() as u32;
+    let iter = bpf(bpf_cmd::BPF_ITER_CREATE, &mut attr).map_err(|e| err("bpf_iter_create", e))?;
     let mut out = Vec::new();
-    file.read_to_end(&mut out)
-        .map_err(|e| err(format!("reading: {e}")))?;
+    File::from(iter)
+        .read_to_end(&mut out)
+        .map_err(|e| err("reading", e))?;
     Ok(())
+}
+
+/// The `bpf()` system call for a command that returns a new descriptor.
+fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<OwnedFd> {
+    // SAFETY: `attr` is a valid bpf_attr of the size passed; the kernel
+    // reads only the member `cmd` uses.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            attr as *mut bpf_attr,
+            size_of::<bpf_attr>(),
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: on success the kernel returned a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
 }
 
 /// One network namespace: its file and a pid in it (for messages).
@@ -625,6 +665,7 @@ mod tests {
             ip: IpAddr::from([10, 96, 0, last]),
             port: 80,
             proto: PROTO_TCP,
+            scope: Scope::Socket,
         }
     }
 
@@ -632,7 +673,12 @@ mod tests {
         BackendAddr {
             ip: IpAddr::from([10, 0, 0, last]),
             port: 8080,
+            local: false,
         }
+    }
+
+    fn sa(last: u8) -> SocketAddr {
+        SocketAddr::new(IpAddr::from([10, 0, 0, last]), 8080)
     }
 
     /// A view with `vip(1)` → backends 1, 2, 3 in slots 1..=3.
@@ -673,7 +719,7 @@ mod tests {
             },
         ];
         let (removed, added) = removed_and_added(&v, &ops);
-        assert_eq!(removed, vec![(vip(1), be(1))]);
+        assert_eq!(removed, vec![(vip(1), sa(1))]);
         assert!(added.is_empty(), "{added:?}");
     }
 
@@ -690,8 +736,42 @@ mod tests {
         ];
         assert_eq!(
             removed_and_added(&v, &ops),
-            (vec![(vip(1), be(2))], vec![(vip(1), be(9))])
+            (vec![(vip(1), sa(2))], vec![(vip(1), sa(9))])
         );
+    }
+
+    #[test]
+    fn a_backend_written_again_with_other_flags_is_not_removed() {
+        let v = view();
+        let ops = vec![
+            Op::PutBackend {
+                id: 9,
+                addr: BackendAddr {
+                    local: true,
+                    ..be(2)
+                },
+            },
+            Op::PutSlot {
+                vip: vip(1),
+                slot: 2,
+                backend_id: 9,
+            },
+        ];
+        assert_eq!(removed_and_added(&v, &ops), (vec![], vec![]));
+    }
+
+    #[test]
+    fn vips_of_the_tc_programs_are_left_out() {
+        let v = view();
+        let external = Vip {
+            scope: Scope::External,
+            ..vip(1)
+        };
+        let ops = vec![Op::DeleteSlot {
+            vip: external,
+            slot: 1,
+        }];
+        assert_eq!(removed_and_added(&v, &ops), (vec![], vec![]));
     }
 
     #[test]
