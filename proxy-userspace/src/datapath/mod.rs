@@ -103,6 +103,12 @@ pub trait Datapath: Send {
     fn verify(&mut self) -> Result<Vec<Drift>, DatapathError> {
         Ok(Vec::new())
     }
+    /// The node's addresses or interfaces changed (rtnetlink): follow
+    /// them. `Ok(true)` when the programmed frontends depend on them (node
+    /// ports on node addresses), so that a full sync must follow.
+    fn node_addresses_changed(&mut self) -> Result<bool, DatapathError> {
+        Ok(false)
+    }
     /// Registers the families only this datapath has (the nftables ones of
     /// SPEC §5.1) on `/metrics`.
     fn register_metrics(

@@ -180,6 +180,7 @@ mod tests {
             ip: ip.parse().unwrap(),
             port: 80,
             proto: 6,
+            scope: super::super::codec::Scope::Socket,
         }
     }
 
@@ -187,6 +188,7 @@ mod tests {
         BackendAddr {
             ip: ip.parse::<IpAddr>().unwrap(),
             port: 8080,
+            local: false,
         }
     }
 

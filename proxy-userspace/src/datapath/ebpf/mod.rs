@@ -362,12 +362,12 @@ impl EbpfDatapath {
 
     /// Follows the node's addresses: attaches the tc programs to
     /// interfaces that gained a selected address, detaches them from those
-    /// that lost all, and, when the node ports' addresses changed, reports
-    /// it so that the next full sync moves the node ports.
-    fn follow_node_addresses(&mut self) -> Result<Vec<Drift>, EbpfError> {
+    /// that lost all; `true` when the node ports' addresses changed, so
+    /// that the next full sync moves the node ports.
+    fn follow_node_addresses(&mut self) -> Result<bool, EbpfError> {
         let ifaces = node_ifaces(&self.config)?;
         if ifaces == self.ifaces {
-            return Ok(Vec::new());
+            return Ok(false);
         }
         let added: Vec<NodeIface> = ifaces
             .iter()
@@ -384,20 +384,9 @@ impl EbpfDatapath {
             "node addresses changed; tc programs follow"
         );
         let moved = node_ips != self.node_ips;
-        let before = format!("{:?}", self.node_ips);
         self.ifaces = ifaces;
         self.node_ips = node_ips;
-        Ok(if moved {
-            vec![Drift::new(
-                crate::datapath::drift::DriftKind::MapEntry,
-                "node port addresses".to_owned(),
-                "",
-                &before,
-                &format!("{:?}", self.node_ips),
-            )]
-        } else {
-            Vec::new()
-        })
+        Ok(moved)
     }
 
     fn own(&mut self, d: &DesiredService) {
@@ -459,7 +448,6 @@ impl Datapath for EbpfDatapath {
                 .map(|name| drift::missing_link(&self.root, &name)),
         );
         self.relink |= !out.is_empty();
-        out.extend(self.follow_node_addresses()?);
         let found = self.maps.read_view()?;
         // Who owns a VIP: worked out only when something differs.
         let owners: std::cell::OnceCell<HashMap<Vip, &ObjectKey>> = std::cell::OnceCell::new();
@@ -481,6 +469,10 @@ impl Datapath for EbpfDatapath {
         }
         out.extend(in_maps);
         Ok(out)
+    }
+
+    fn node_addresses_changed(&mut self) -> Result<bool, DatapathError> {
+        Ok(self.follow_node_addresses()?)
     }
 
     /// Every owned VIP of `next` against the whole view; VIPs in the maps
