@@ -267,6 +267,36 @@ pub struct ExtAffinityKey {
     pub _pad: [u8; 3],
 }
 
+// --- Socket destruction (iter/tcp, iter/udp programs) ---
+
+/// Map of the sockets to destroy: socket cookie → [`SockDestroyTarget`].
+/// Not pinned: the daemon fills it for one run of the iterators and empties
+/// it afterwards.
+pub const MAP_SOCK_DESTROY: &str = "EKP_SOCK_DESTROY";
+/// Sockets one run of the iterators can target; the daemon splits bigger
+/// sets into several runs.
+pub const MAX_SOCK_DESTROY: u32 = 16_384;
+/// Program names of the socket iterators.
+pub const PROG_SOCK_DESTROY_TCP: &str = "ekp_sock_destroy_tcp";
+pub const PROG_SOCK_DESTROY_UDP: &str = "ekp_sock_destroy_udp";
+/// Immediate of the hand-encoded `bpf_sock_destroy` kfunc call in the
+/// object; the daemon replaces it with the kfunc's vmlinux BTF id before
+/// loading (aya does not resolve kfuncs).
+pub const SOCK_DESTROY_KFUNC_MARKER: u32 = 0x5eed_d357;
+
+/// Value of `EKP_SOCK_DESTROY`: the backend the socket must still be
+/// connected to, and its protocol, for the iterator to destroy it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct SockDestroyTarget {
+    /// Network order; IPv4 in `addr[0]`.
+    pub addr: [u32; 4],
+    /// Network order.
+    pub port: u16,
+    pub family: u8,
+    pub proto: u8,
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: every type is #[repr(C)], made of integers and integer arrays
@@ -284,6 +314,7 @@ mod pod {
     unsafe impl aya::Pod for super::IfaceValue {}
     unsafe impl aya::Pod for super::SrcRangeKey {}
     unsafe impl aya::Pod for super::ExtAffinityKey {}
+    unsafe impl aya::Pod for super::SockDestroyTarget {}
 }
 
 #[cfg(test)]
@@ -324,5 +355,6 @@ mod tests {
         assert_eq!(offset_of!(SrcRangeKey, src), 20);
         assert_eq!(SRC_RANGE_FRONTEND_BITS as usize, 20 * 8);
         assert_eq!(size_of::<ExtAffinityKey>(), 24);
+        assert_eq!(size_of::<SockDestroyTarget>(), 20);
     }
 }

@@ -1,5 +1,7 @@
 #![no_std]
 #![no_main]
+// The bpf_sock_destroy kfunc call is inline assembly (sockdestroy.rs).
+#![feature(asm_experimental_arch)]
 //! Socket-level load balancing for ClusterIPs (and external / load-balancer
 //! IPs reached from inside the node), in the style of Cilium's socket-LB.
 //!
@@ -44,6 +46,8 @@ use proxy_common::{
     PROTO_TCP, PROTO_UDP, SCOPE_SOCKET, STAT_AFFINITY_HIT, STAT_COUNT, STAT_NO_BACKEND, STAT_SLOT_MISSING,
     STAT_TRANSLATED, SVC_FLAG_AFFINITY,
 };
+
+mod sockdestroy;
 
 // All maps are pinned by name: the loader gives a pin directory, and a
 // restarted daemon reuses the very same maps, so the programs keep serving

@@ -32,6 +32,7 @@ use proxy_common::{
 use super::external::{self, ExtMaps, NodeIface};
 use super::generation::{self, SIZED_MAPS};
 use super::maps::KernelMaps;
+use super::sockdestroy::PreparedObject;
 use super::{chain, EbpfConfig, EbpfError, BPFFS_MOUNT};
 
 /// Program (function) names in the object, one per hook.
@@ -400,6 +401,9 @@ pub struct Attached {
     pub cgroup: PathBuf,
     /// Links of an earlier daemon that the new ones replaced.
     pub replaced_links: usize,
+    /// The kernel's BTF for [`super::sockdestroy::SockDestroyer::start`];
+    /// `None` when the kernel has no `bpf_sock_destroy`.
+    pub sock_destroy: Option<PreparedObject>,
 }
 
 /// Loads the object, reusing pinned maps, attaches every program to the
@@ -429,7 +433,7 @@ pub fn load_and_attach(
             generation::discard_next(&root);
         }
     }
-    let (maps, ext, ebpf, replaced) = result?;
+    let (maps, ext, ebpf, replaced, sock_destroy) = result?;
     if let Some((from, to)) = prepared.replacing {
         tracing::info!(
             from,
@@ -443,6 +447,7 @@ pub fn load_and_attach(
         ebpf,
         cgroup,
         replaced_links: replaced,
+        sock_destroy,
     })
 }
 
@@ -453,15 +458,18 @@ fn load_and_attach_prepared(
     prepared: &generation::Prepared,
     ifaces: &[NodeIface],
     attached_any: &mut bool,
-) -> Result<(KernelMaps, ExtMaps, Ebpf, usize), EbpfError> {
+) -> Result<(KernelMaps, ExtMaps, Ebpf, usize, Option<PreparedObject>), EbpfError> {
     let cgroup = cgroup.to_path_buf();
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(root);
     for (name, pin) in &prepared.pins {
         loader.map_pin_path(name, pin.as_path());
     }
+    // With the bpf_sock_destroy kfunc call resolved (None: no socket
+    // destruction on this kernel).
+    let sockd = super::sockdestroy::prepare_object(object);
     let mut ebpf = loader
-        .load(object)
+        .load(sockd.as_ref().map_or(object, |p| p.bytes()))
         .map_err(|e| classify(&e, EbpfError::Load))?;
     let cgroup_dir = File::open(&cgroup).map_err(|e| EbpfError::CgroupPath {
         path: cgroup.clone(),
@@ -537,7 +545,7 @@ fn load_and_attach_prepared(
 
     let maps = KernelMaps::take(&mut ebpf)?;
     let ext = ExtMaps::take(&mut ebpf)?;
-    Ok((maps, ext, ebpf, replaced))
+    Ok((maps, ext, ebpf, replaced, sockd))
 }
 
 /// A program's load error: the verifier's log when it refused it.

@@ -33,6 +33,7 @@ pub mod generation;
 pub mod loader;
 pub mod maps;
 pub mod plan;
+pub mod sockdestroy;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -195,6 +196,10 @@ pub struct EbpfDatapath {
     /// attaches the programs again.
     relink: bool,
     metrics: counters::CapacityMetrics,
+    /// Destroys the sockets of removed backends; `None` when the kernel
+    /// cannot (no `bpf_sock_destroy`) or the iterators failed to load.
+    sock_destroyer: Option<sockdestroy::SockDestroyer>,
+    sock_destroy_metrics: sockdestroy::SockDestroyMetrics,
 }
 
 impl std::fmt::Debug for EbpfDatapath {
@@ -217,6 +222,9 @@ impl EbpfDatapath {
         let mut attached = loader::load_and_attach(OBJECT, config, &ifaces)?;
         attached.ext.sync_ifaces(&ifaces)?;
         let view = attached.maps.read_view()?;
+        let sock_destroy_metrics = sockdestroy::SockDestroyMetrics::new()
+            .map_err(|e| EbpfError::Load(format!("metrics: {e}")))?;
+        let sock_destroyer = start_sock_destroyer(&mut attached, &sock_destroy_metrics);
         tracing::info!(
             cgroup = %attached.cgroup.display(),
             interfaces = %iface_names(&ifaces),
@@ -240,6 +248,8 @@ impl EbpfDatapath {
             config: config.clone(),
             relink: false,
             metrics,
+            sock_destroyer,
+            sock_destroy_metrics,
         };
         dp.show_capacity();
         Ok(dp)
@@ -252,6 +262,7 @@ impl EbpfDatapath {
         let mut attached = loader::load_and_attach(OBJECT, &self.config, &ifaces)?;
         attached.ext.sync_ifaces(&ifaces)?;
         self.view = attached.maps.read_view()?;
+        self.sock_destroyer = start_sock_destroyer(&mut attached, &self.sock_destroy_metrics);
         self.maps = attached.maps;
         self.ext = attached.ext;
         self.ebpf = attached.ebpf;
@@ -318,12 +329,19 @@ impl EbpfDatapath {
         self.ext.add_ranges(ranges_before)?;
         let plan = plan::plan(&self.view, changes);
         self.check_fits(&plan.ops)?;
+        let pairs = self
+            .sock_destroyer
+            .as_ref()
+            .map(|_| sockdestroy::removed_and_added(&self.view, &plan.ops));
         maps::execute(&plan.ops, &mut self.view, &mut self.maps)?;
         for (vip, keep) in &ranges_after {
             self.ext.trim_ranges(vip, keep)?;
         }
         let gc = plan::plan_gc(&self.view);
         maps::execute(&gc, &mut self.view, &mut self.maps)?;
+        if let (Some(d), Some((removed, added))) = (&self.sock_destroyer, pairs) {
+            d.submit(removed, &added);
+        }
         if let Some(PlanProblem::TooManyBackends { vip, count }) = plan.problems.first() {
             return Err(EbpfError::TooManyBackends {
                 vip: *vip,
@@ -389,6 +407,7 @@ impl Datapath for EbpfDatapath {
         registry: &prometheus::Registry,
     ) -> Result<(), prometheus::Error> {
         registry.register(Box::new(counters::StatsCollector::new(self.root.clone())?))?;
+        self.sock_destroy_metrics.register(registry)?;
         self.metrics.register(registry)
     }
 
@@ -519,6 +538,26 @@ impl Datapath for EbpfDatapath {
         }
         Ok(stats)
     }
+}
+
+/// Starts socket destruction with the object `attached` loaded; `None`
+/// (logged) when this kernel cannot destroy sockets.
+fn start_sock_destroyer(
+    attached: &mut loader::Attached,
+    metrics: &sockdestroy::SockDestroyMetrics,
+) -> Option<sockdestroy::SockDestroyer> {
+    let prepared = attached.sock_destroy.take()?;
+    let started = sockdestroy::SockDestroyer::start(
+        &mut attached.ebpf,
+        &prepared,
+        attached.cgroup.clone(),
+        metrics.clone(),
+    );
+    started
+        .inspect_err(|e| {
+            tracing::warn!(error = %chain(e), "socket iterators not loaded: sockets of removed backends will not be destroyed");
+        })
+        .ok()
 }
 
 /// The interfaces holding the node addresses `--nodeport-addresses`
