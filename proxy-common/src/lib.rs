@@ -57,6 +57,7 @@ pub const MAP_CT: &str = "EKP_CT";
 pub const MAP_IFACES: &str = "EKP_IFACES";
 pub const MAP_SRC_RANGES: &str = "EKP_SRC_RANGES";
 pub const MAP_EXT_AFFINITY: &str = "EKP_EXT_AFFINITY";
+pub const MAP_EXT_STATS: &str = "EKP_EXT_STATS";
 
 /// Capacities in the object. The daemon creates `EKP_SERVICES` and
 /// `EKP_BACKENDS` itself with `--ebpf-map-size` entries (unpreallocated)
@@ -80,17 +81,20 @@ pub const STAT_TRANSLATED: u32 = 0;
 pub const STAT_NO_BACKEND: u32 = 1;
 pub const STAT_AFFINITY_HIT: u32 = 2;
 pub const STAT_SLOT_MISSING: u32 = 3;
-/// tc: a node-external packet was translated (new flow or conntrack hit).
-pub const STAT_EXT_TRANSLATED: u32 = 4;
-/// tc: a node-external packet for a frontend without usable endpoint
+pub const STAT_COUNT: u32 = 4;
+
+/// Per-CPU counters of the tc programs in the `EKP_EXT_STATS` array (a map
+/// of its own: `EKP_STATS` keeps the size pinned by earlier versions).
+/// A node-external packet was translated (new flow or conntrack hit).
+pub const STAT_EXT_TRANSLATED: u32 = 0;
+/// A node-external packet for a frontend without usable endpoint
 /// (eTP=Local with no local endpoint) was dropped.
-pub const STAT_EXT_NO_BACKEND: u32 = 5;
-/// tc: dropped by loadBalancerSourceRanges.
-pub const STAT_EXT_SOURCE_DENIED: u32 = 6;
-/// tc: a remote backend could not be reached (no route, no node address
-/// to SNAT to, no free SNAT port).
-pub const STAT_EXT_UNROUTABLE: u32 = 7;
-pub const STAT_COUNT: u32 = 8;
+pub const STAT_EXT_NO_BACKEND: u32 = 1;
+/// Dropped by loadBalancerSourceRanges.
+pub const STAT_EXT_SOURCE_DENIED: u32 = 2;
+/// No route to the backend, or no free SNAT port.
+pub const STAT_EXT_UNROUTABLE: u32 = 3;
+pub const EXT_STAT_COUNT: u32 = 4;
 
 /// Key of `EKP_SERVICES`: one service port's VIP plus the slot number.
 #[repr(C)]

@@ -93,7 +93,7 @@ struct SockAddr {
 }
 
 #[inline(always)]
-pub(crate) fn count(stat: u32) {
+fn count(stat: u32) {
     if let Some(p) = EKP_STATS.get_ptr_mut(stat) {
         // SAFETY: a per-CPU array slot belongs to this CPU while the
         // program runs (programs do not migrate), so this is no data race.

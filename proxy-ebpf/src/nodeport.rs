@@ -32,20 +32,29 @@ use aya_ebpf::{
         bpf_csum_diff, bpf_fib_lookup, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_redirect_neigh,
     },
     macros::{classifier, map},
-    maps::{lpm_trie::Key, HashMap, LpmTrie, LruHashMap},
+    maps::{lpm_trie::Key, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     programs::TcContext,
 };
 use proxy_common::{
     AffinityValue, Backend, CtKey, CtValue, ExtAffinityKey, IfaceValue, ServiceKey, ServiceValue,
     SrcRangeKey,
     BACKEND_F_LOCAL, CT_F_CLOSING, CT_F_ORIGINAL, CT_F_REDIRECT, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP,
-    CT_TIMEOUT_TCP_CLOSING, FAMILY_V4, FAMILY_V6, MAX_AFFINITY, MAX_CT, MAX_IFACES,
+    CT_TIMEOUT_TCP_CLOSING, EXT_STAT_COUNT, FAMILY_V4, FAMILY_V6, MAX_AFFINITY, MAX_CT, MAX_IFACES,
     MAX_SRC_RANGES, PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SRC_RANGE_FRONTEND_BITS,
     STAT_EXT_NO_BACKEND, STAT_EXT_SOURCE_DENIED, STAT_EXT_TRANSLATED, STAT_EXT_UNROUTABLE,
     SVC_FLAG_AFFINITY, SVC_FLAG_SOURCE_RANGES,
 };
 
-use crate::{count, random_slot, EKP_BACKENDS, EKP_SERVICES, NSEC_PER_SEC};
+use crate::{random_slot, EKP_BACKENDS, EKP_SERVICES, NSEC_PER_SEC};
+
+#[inline(always)]
+fn count(stat: u32) {
+    if let Some(p) = EKP_EXT_STATS.get_ptr_mut(stat) {
+        // SAFETY: a per-CPU array slot belongs to this CPU while the
+        // program runs, so this is no data race.
+        unsafe { *p += 1 };
+    }
+}
 
 #[map]
 static EKP_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(MAX_CT, 0);
@@ -56,6 +65,9 @@ static EKP_IFACES: HashMap<u32, IfaceValue> = HashMap::pinned(MAX_IFACES, 0);
 #[map]
 static EKP_SRC_RANGES: LpmTrie<SrcRangeKey, u8> =
     LpmTrie::pinned(MAX_SRC_RANGES, BPF_F_NO_PREALLOC);
+
+#[map]
+static EKP_EXT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(EXT_STAT_COUNT, 0);
 
 #[map]
 static EKP_EXT_AFFINITY: LruHashMap<ExtAffinityKey, AffinityValue> =

@@ -25,7 +25,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use ebpf_kube_proxy::apply::Applier;
-use ebpf_kube_proxy::datapath::ebpf::{self, loader, EbpfConfig, EbpfDatapath};
+use ebpf_kube_proxy::datapath::ebpf::{self, EbpfConfig, EbpfDatapath};
 use ebpf_kube_proxy::model::{
     EndpointConditions, EndpointHints, EndpointPort, EndpointScopes, IpSet, LocalEndpoint,
     LocalService, LocalServiceType, LocalState, ObjectKey, PortMapping, Protocol, ServiceEndpoints,
@@ -477,12 +477,55 @@ fn node_external_traffic_is_translated_by_the_tc_programs() {
     let r = env.client(&["tcp", "192.168.77.1", "9000"]);
     assert_eq!(reply(&r), ("node".into(), "192.168.77.2".into()), "{r}");
 
-    // Both directions of every flow are tracked.
-    let links = std::fs::read_dir(env.bpffs.join(loader::LINKS_DIR))
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with("ekp_tc_"))
-        .count();
-    assert_eq!(links, 6, "ingress and egress on n0, np and n1");
+    // `dump` reads it all back from the kernel.
+    let d = ebpf::dump::read(&env.bpffs).expect("dump");
+    let mut tc: Vec<String> =
+        d.tc.iter()
+            .map(|t| format!("{}/{}", t.interface, t.direction))
+            .collect();
+    tc.sort();
+    assert_eq!(
+        tc,
+        [
+            "n0/egress",
+            "n0/ingress",
+            "n1/egress",
+            "n1/ingress",
+            "np/egress",
+            "np/ingress"
+        ],
+        "{d:?}"
+    );
+    let c = &d.conntrack;
+    assert!(c.flows >= 40 && c.entries == 2 * c.flows, "{c:?}");
+    assert!(c.snat_flows >= 2 && c.tcp_flows < c.flows, "{c:?}");
+    for (stat, at_least) in [
+        ("external_translated", 100),
+        ("external_no_local_endpoint", 1),
+        ("external_source_range_denied", 1),
+    ] {
+        assert!(d.stats[stat] >= at_least, "{stat}: {:?}", d.stats);
+    }
+    assert_eq!(d.stats["external_unroutable"], 0, "{:?}", d.stats);
+    let text = ebpf::dump::text(&d);
+    assert!(text.contains("n0/ingress=ekp_tc_ingress"), "{text}");
+    assert!(
+        text.contains("192.168.77.1:30082/TCP") && text.contains("(no endpoints: packets dropped)"),
+        "{text}"
+    );
+
+    // cleanup detaches the tc programs too: the node port is gone.
     drop(dp);
+    let report = ebpf::cleanup(&env.bpffs).expect("cleanup");
+    assert_eq!(
+        report
+            .links
+            .iter()
+            .filter(|l| l.starts_with("ekp_tc_"))
+            .count(),
+        6,
+        "{report:?}"
+    );
+    let r = env.client(&["tcp", "192.168.77.1", "30080"]);
+    assert!(r["error"].as_str().is_some(), "served after cleanup: {r}");
 }

@@ -7,9 +7,12 @@ use std::path::PathBuf;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntCounterVec, Opts};
-use proxy_common::{STAT_AFFINITY_HIT, STAT_NO_BACKEND, STAT_SLOT_MISSING, STAT_TRANSLATED};
+use proxy_common::{
+    STAT_AFFINITY_HIT, STAT_EXT_NO_BACKEND, STAT_EXT_SOURCE_DENIED, STAT_EXT_TRANSLATED,
+    STAT_EXT_UNROUTABLE, STAT_NO_BACKEND, STAT_SLOT_MISSING, STAT_TRANSLATED,
+};
 
-use super::maps::read_stats;
+use super::maps::{read_ext_stats, read_stats};
 
 /// Metric family name.
 pub const CONNECTIONS_TOTAL: &str = "ebpf_kube_proxy_datapath_connections_total";
@@ -22,10 +25,23 @@ const RESULTS: [(u32, &str); 4] = [
     (STAT_SLOT_MISSING, "backend_slot_missing"),
 ];
 
-/// Collects [`CONNECTIONS_TOTAL`] from the maps pinned under `root`.
+/// Metric family of the tc programs' decisions.
+pub const EXTERNAL_PACKETS_TOTAL: &str = "ebpf_kube_proxy_datapath_external_packets_total";
+
+/// `result` label values of [`EXTERNAL_PACKETS_TOTAL`], by `STAT_*` index.
+const EXTERNAL_RESULTS: [(u32, &str); 4] = [
+    (STAT_EXT_TRANSLATED, "translated"),
+    (STAT_EXT_NO_BACKEND, "no_local_endpoint"),
+    (STAT_EXT_SOURCE_DENIED, "source_range_denied"),
+    (STAT_EXT_UNROUTABLE, "unroutable"),
+];
+
+/// Collects [`CONNECTIONS_TOTAL`] and [`EXTERNAL_PACKETS_TOTAL`] from the
+/// maps pinned under `root`.
 pub struct StatsCollector {
     root: PathBuf,
     family: IntCounterVec,
+    external: IntCounterVec,
 }
 
 impl StatsCollector {
@@ -37,13 +53,26 @@ impl StatsCollector {
             ),
             &["result"],
         )?;
-        Ok(StatsCollector { root, family })
+        let external = IntCounterVec::new(
+            Opts::new(
+                EXTERNAL_PACKETS_TOTAL,
+                "[ALPHA] Node-external packets the tc programs handled, by result: translated (NAT applied, new or tracked flow), no_local_endpoint (dropped: no usable endpoint for traffic from outside, e.g. externalTrafficPolicy Local without a local endpoint), source_range_denied (dropped by loadBalancerSourceRanges), unroutable (dropped: no route or no free SNAT port). Summed over CPUs; kept across daemon restarts while the maps stay pinned.",
+            ),
+            &["result"],
+        )?;
+        Ok(StatsCollector {
+            root,
+            family,
+            external,
+        })
     }
 }
 
 impl Collector for StatsCollector {
     fn desc(&self) -> Vec<&Desc> {
-        self.family.desc()
+        let mut d = self.family.desc();
+        d.extend(self.external.desc());
+        d
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
@@ -54,12 +83,21 @@ impl Collector for StatsCollector {
                 return Vec::new();
             }
         };
-        for (index, result) in RESULTS {
-            let c = self.family.with_label_values(&[result]);
-            c.reset();
-            c.inc_by(counters.get(index as usize).copied().unwrap_or(0));
+        // Pinned by an earlier version without the tc programs: absent.
+        let external = read_ext_stats(&self.root).unwrap_or_default();
+        for (family, results, counters) in [
+            (&self.family, &RESULTS[..], &counters),
+            (&self.external, &EXTERNAL_RESULTS[..], &external),
+        ] {
+            for (index, result) in results {
+                let c = family.with_label_values(&[result]);
+                c.reset();
+                c.inc_by(counters.get(*index as usize).copied().unwrap_or(0));
+            }
         }
-        self.family.collect()
+        let mut out = self.family.collect();
+        out.extend(self.external.collect());
+        out
     }
 }
 

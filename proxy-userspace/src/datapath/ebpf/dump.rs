@@ -1,5 +1,6 @@
 //! `ebpf-kube-proxy dump`: decodes the pinned maps (service → slots →
-//! backends, affinity entries, counters) of a running or stopped eBPF
+//! backends, affinity entries, counters), the tc attachments and a summary
+//! of the node-external connection tracking of a running or stopped eBPF
 //! datapath. Read-only; works without the daemon.
 
 use std::collections::BTreeMap;
@@ -8,14 +9,15 @@ use std::path::Path;
 
 use aya::maps::{HashMap, MapData};
 use proxy_common::{
-    RevNatKey, RevNatValue, MAP_REVNAT, STAT_AFFINITY_HIT, STAT_NO_BACKEND, STAT_SLOT_MISSING,
-    STAT_TRANSLATED,
+    CtKey, CtValue, RevNatKey, RevNatValue, CT_F_CLOSING, CT_F_ORIGINAL, CT_F_REDIRECT, MAP_CT,
+    MAP_REVNAT, PROTO_TCP, STAT_AFFINITY_HIT, STAT_EXT_NO_BACKEND, STAT_EXT_SOURCE_DENIED,
+    STAT_EXT_TRANSLATED, STAT_EXT_UNROUTABLE, STAT_NO_BACKEND, STAT_SLOT_MISSING, STAT_TRANSLATED,
 };
 use serde::Serialize;
 
-use super::codec::{protocol_name, BackendAddr, Header, Vip};
+use super::codec::{protocol_name, BackendAddr, Header, Scope, Vip};
 use super::loader::{LINKS_DIR, PROGRAMS};
-use super::maps::{open_pinned, read_stats, KernelMaps};
+use super::maps::{open_pinned, read_ext_stats, read_stats, KernelMaps};
 use super::EbpfError;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -31,6 +33,11 @@ pub struct ServiceDump {
     pub address: String,
     pub port: u16,
     pub protocol: String,
+    /// `socket` (the cgroup hooks: connections made on the node) or
+    /// `external` (the tc programs: packets from outside the node).
+    pub scope: &'static str,
+    /// loadBalancerSourceRanges are enforced (external scope).
+    pub source_ranges: bool,
     pub service_id: u32,
     /// Backends the hook picks from; 0 = connections refused.
     pub count: u16,
@@ -47,11 +54,37 @@ pub struct AffinityDump {
     pub idle_seconds: f64,
 }
 
+/// A tc program attached to an interface (a pinned TCX link).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct TcDump {
+    pub interface: String,
+    pub ifindex: u32,
+    pub direction: &'static str,
+    pub program: &'static str,
+}
+
+/// The node-external connection tracking (`EKP_CT`), summed up.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct ConntrackDump {
+    /// Flows (client-direction entries).
+    pub flows: usize,
+    /// Of those, forwarded to another node with SNAT.
+    pub snat_flows: usize,
+    pub tcp_flows: usize,
+    /// TCP flows that saw a FIN or RST.
+    pub closing: usize,
+    /// Every entry (each flow has two: both directions).
+    pub entries: usize,
+}
+
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct MapDump {
     pub bpffs_root: String,
     /// Pinned links (programs attached).
     pub links: Vec<String>,
+    /// tc programs on the node's interfaces.
+    pub tc: Vec<TcDump>,
+    pub conntrack: ConntrackDump,
     pub services: Vec<ServiceDump>,
     pub backends: usize,
     pub affinity: Vec<AffinityDump>,
@@ -103,6 +136,11 @@ pub fn read(root: &Path) -> Result<MapDump, EbpfError> {
                 address: vip.ip.to_string(),
                 port: vip.port,
                 protocol: protocol_name(vip.proto),
+                scope: match vip.scope {
+                    Scope::Socket => "socket",
+                    Scope::External => "external",
+                },
+                source_ranges: h.flags & proxy_common::SVC_FLAG_SOURCE_RANGES != 0,
                 service_id: h.service_id,
                 count: h.count,
                 affinity_timeout_seconds: h.affinity().then_some(h.affinity_timeout),
@@ -148,21 +186,101 @@ pub fn read(root: &Path) -> Result<MapDump, EbpfError> {
         ("affinity_hit".to_owned(), stat(STAT_AFFINITY_HIT)),
         ("slot_missing".to_owned(), stat(STAT_SLOT_MISSING)),
     ]);
+    let ext = read_ext_stats(root).unwrap_or_default();
+    let ext_stat = |i: u32| ext.get(i as usize).copied().unwrap_or(0);
+    let mut stats = stats;
+    stats.extend([
+        (
+            "external_translated".to_owned(),
+            ext_stat(STAT_EXT_TRANSLATED),
+        ),
+        (
+            "external_no_local_endpoint".to_owned(),
+            ext_stat(STAT_EXT_NO_BACKEND),
+        ),
+        (
+            "external_source_range_denied".to_owned(),
+            ext_stat(STAT_EXT_SOURCE_DENIED),
+        ),
+        (
+            "external_unroutable".to_owned(),
+            ext_stat(STAT_EXT_UNROUTABLE),
+        ),
+    ]);
 
     let links = PROGRAMS
         .iter()
         .filter(|p| root.join(LINKS_DIR).join(p).exists())
         .map(|p| p.to_string())
         .collect();
+    let tc = super::external::pinned(root)
+        .into_iter()
+        .filter_map(|(name, ifindex)| {
+            let (program, direction) = super::external::TC_PROGRAMS
+                .iter()
+                .find(|(p, _)| name.starts_with(p))
+                .map(|(p, d)| (*p, *d))?;
+            Some(TcDump {
+                interface: interface_name(ifindex),
+                ifindex,
+                direction: match direction {
+                    aya::programs::TcAttachType::Egress => "egress",
+                    _ => "ingress",
+                },
+                program,
+            })
+        })
+        .collect();
     Ok(MapDump {
         bpffs_root: root.display().to_string(),
         links,
+        tc,
+        conntrack: conntrack(root),
         services,
         backends: backends.len(),
         affinity,
         reverse_nat_entries,
         stats,
     })
+}
+
+/// The interface's name in this network namespace, or `?` when it is gone.
+fn interface_name(ifindex: u32) -> String {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `buf` has IF_NAMESIZE bytes, as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return "?".to_owned();
+    }
+    // SAFETY: on success the buffer holds a NUL-terminated name.
+    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Counts the conntrack entries (an empty summary without the map: a
+/// datapath pinned by a version without the tc programs).
+fn conntrack(root: &Path) -> ConntrackDump {
+    let Ok(map) = open_pinned(root, MAP_CT) else {
+        return ConntrackDump::default();
+    };
+    let Ok(ct) = HashMap::<MapData, CtKey, CtValue>::try_from(map) else {
+        return ConntrackDump::default();
+    };
+    let mut d = ConntrackDump::default();
+    for (k, v) in ct.iter().filter_map(Result::ok) {
+        d.entries += 1;
+        if v.flags & CT_F_ORIGINAL == 0 {
+            continue;
+        }
+        d.flows += 1;
+        d.snat_flows += usize::from(v.flags & CT_F_REDIRECT != 0);
+        if k.proto == PROTO_TCP {
+            d.tcp_flows += 1;
+            d.closing += usize::from(v.flags & CT_F_CLOSING != 0);
+        }
+    }
+    d
 }
 
 /// Human-readable form; ends with a newline.
@@ -177,6 +295,25 @@ pub fn text(d: &MapDump) -> String {
         } else {
             d.links.join(" ")
         }
+    );
+    let _ = writeln!(
+        s,
+        "tc: {}",
+        if d.tc.is_empty() {
+            "none (no node-external traffic served)".to_owned()
+        } else {
+            let t: Vec<String> =
+                d.tc.iter()
+                    .map(|t| format!("{}/{}={}", t.interface, t.direction, t.program))
+                    .collect();
+            t.join(" ")
+        }
+    );
+    let c = &d.conntrack;
+    let _ = writeln!(
+        s,
+        "conntrack (node-external): {} flows ({} with SNAT, {} TCP, {} closing), {} entries",
+        c.flows, c.snat_flows, c.tcp_flows, c.closing, c.entries
     );
     let _ = writeln!(
         s,
@@ -196,11 +333,21 @@ pub fn text(d: &MapDump) -> String {
             "{addr}/{}  id={}  backends={}",
             svc.protocol, svc.service_id, svc.count
         );
+        if svc.scope == "external" {
+            line.push_str("  (from outside the node)");
+        }
+        if svc.source_ranges {
+            line.push_str("  source-ranges");
+        }
         if let Some(t) = svc.affinity_timeout_seconds {
             let _ = write!(line, "  affinity=ClientIP/{t}s");
         }
         if svc.count == 0 {
-            line.push_str("  (no endpoints: connect refused)");
+            line.push_str(if svc.scope == "external" {
+                "  (no endpoints: packets dropped)"
+            } else {
+                "  (no endpoints: connect refused)"
+            });
         }
         let _ = writeln!(s, "{line}");
         for slot in &svc.slots {

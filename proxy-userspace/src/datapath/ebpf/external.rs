@@ -128,6 +128,32 @@ pub fn attach(ebpf: &mut Ebpf, root: &Path, ifaces: &[NodeIface]) -> Result<usiz
     let links_dir = root.join(LINKS_DIR);
     let mut replaced = 0;
     for iface in ifaces {
+        match attach_iface(ebpf, &links_dir, iface) {
+            Ok(n) => replaced += n,
+            // An interface removed since it was listed: the address
+            // watcher reports the change, nothing to serve there.
+            Err(e) if !iface_exists(iface) => {
+                tracing::debug!(iface = %iface.name, error = %e, "interface gone while attaching");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    detach_others(root, ifaces)?;
+    Ok(replaced)
+}
+
+fn iface_exists(iface: &NodeIface) -> bool {
+    let Ok(name) = std::ffi::CString::new(iface.name.as_str()) else {
+        return false;
+    };
+    // SAFETY: `name` is a valid NUL-terminated string.
+    unsafe { libc::if_nametoindex(name.as_ptr()) == iface.ifindex }
+}
+
+/// Attaches both programs to one interface; how many links it replaced.
+fn attach_iface(ebpf: &mut Ebpf, links_dir: &Path, iface: &NodeIface) -> Result<usize, EbpfError> {
+    let mut replaced = 0;
+    {
         for (name, direction) in TC_PROGRAMS {
             let prog = program(ebpf, name)?;
             let attach_err = |reason: String| EbpfError::AttachTc {
@@ -169,7 +195,6 @@ pub fn attach(ebpf: &mut Ebpf, root: &Path, ifaces: &[NodeIface]) -> Result<usiz
         }
         tracing::debug!(iface = %iface.name, ifindex = iface.ifindex, "tc programs attached");
     }
-    detach_others(root, ifaces)?;
     Ok(replaced)
 }
 

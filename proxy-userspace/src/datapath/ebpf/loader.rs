@@ -23,9 +23,9 @@ use aya::Ebpf;
 use aya::EbpfLoader;
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, CtKey, CtValue, ExtAffinityKey, IfaceValue, RevNatKey,
-    RevNatValue, ServiceKey, ServiceValue, SrcRangeKey, MAP_AFFINITY, MAP_BACKENDS, MAP_CT,
-    MAP_EXT_AFFINITY, MAP_IFACES, MAP_REVNAT, MAP_SERVICES, MAP_SRC_RANGES, MAP_STATS,
-    MAX_AFFINITY, MAX_BACKENDS, MAX_CT, MAX_IFACES, MAX_REVNAT, MAX_SERVICE_ENTRIES,
+    RevNatValue, ServiceKey, ServiceValue, SrcRangeKey, EXT_STAT_COUNT, MAP_AFFINITY, MAP_BACKENDS,
+    MAP_CT, MAP_EXT_AFFINITY, MAP_EXT_STATS, MAP_IFACES, MAP_REVNAT, MAP_SERVICES, MAP_SRC_RANGES,
+    MAP_STATS, MAX_AFFINITY, MAX_BACKENDS, MAX_CT, MAX_IFACES, MAX_REVNAT, MAX_SERVICE_ENTRIES,
     MAX_SRC_RANGES, STAT_COUNT,
 };
 
@@ -49,7 +49,7 @@ pub const PROGRAMS: [&str; 8] = [
 
 /// Every map with the key size, value size and capacity this binary uses
 /// (the capacity of [`SIZED_MAPS`] is `--ebpf-map-size` instead).
-pub const MAPS: [(&str, usize, usize, u32); 9] = [
+pub const MAPS: [(&str, usize, usize, u32); 10] = [
     (
         MAP_SERVICES,
         size_of::<ServiceKey>(),
@@ -75,6 +75,12 @@ pub const MAPS: [(&str, usize, usize, u32); 9] = [
         MAX_AFFINITY,
     ),
     (MAP_STATS, size_of::<u32>(), size_of::<u64>(), STAT_COUNT),
+    (
+        MAP_EXT_STATS,
+        size_of::<u32>(),
+        size_of::<u64>(),
+        EXT_STAT_COUNT,
+    ),
     (MAP_CT, size_of::<CtKey>(), size_of::<CtValue>(), MAX_CT),
     (
         MAP_IFACES,

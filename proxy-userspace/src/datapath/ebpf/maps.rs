@@ -12,7 +12,7 @@ use aya::maps::{HashMap, IterableMap, Map, MapData, MapError, PerCpuArray};
 use aya::Ebpf;
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, ServiceKey, ServiceValue, MAP_AFFINITY, MAP_BACKENDS,
-    MAP_SERVICES, MAP_STATS,
+    MAP_EXT_STATS, MAP_SERVICES, MAP_STATS,
 };
 
 use super::batch::{self, BatchError};
@@ -381,12 +381,21 @@ pub fn execute(ops: &[Op], view: &mut Programmed, maps: &mut KernelMaps) -> Resu
 
 /// Per-CPU counters summed over CPUs, by `STAT_*` index.
 pub fn read_stats(root: &Path) -> Result<Vec<u64>, EbpfError> {
-    let map = open_pinned(root, MAP_STATS)?;
+    read_counters(root, MAP_STATS)
+}
+
+/// The tc programs' counters (`EKP_EXT_STATS`), summed over CPUs.
+pub fn read_ext_stats(root: &Path) -> Result<Vec<u64>, EbpfError> {
+    read_counters(root, MAP_EXT_STATS)
+}
+
+fn read_counters(root: &Path, name: &'static str) -> Result<Vec<u64>, EbpfError> {
+    let map = open_pinned(root, name)?;
     let stats: PerCpuArray<MapData, u64> =
-        PerCpuArray::try_from(map).map_err(|e| map_err(MAP_STATS, "open", &e))?;
+        PerCpuArray::try_from(map).map_err(|e| map_err(name, "open", &e))?;
     let mut out = Vec::new();
     for values in stats.iter() {
-        let values = values.map_err(|e| map_err(MAP_STATS, "read", &e))?;
+        let values = values.map_err(|e| map_err(name, "read", &e))?;
         out.push(values.iter().sum());
     }
     Ok(out)
