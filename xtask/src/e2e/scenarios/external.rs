@@ -146,8 +146,6 @@ pub(super) fn ipv6_nodeport_outside(bed: &mut Bed) -> Result<()> {
 /// bed's veths answer in well under a millisecond.
 pub(super) const DROP_TIMEOUT: Duration = Duration::from_millis(300);
 
-pub(super) const NO_EXTERNAL_DATAPATH: &str =
-    "the eBPF datapath has no tc programs for node-external traffic yet";
 
 /// A LoadBalancer service `name` on `cluster_ip`, TCP 80 → 8080, with
 /// `external_ips` and `lb_ips` (status.loadBalancer.ingress). The
