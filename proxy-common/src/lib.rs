@@ -209,6 +209,13 @@ pub const CT_F_CLOSING: u8 = 1 << 1;
 /// `CtValue::flags`: the client's direction (the other entry is the reply).
 pub const CT_F_ORIGINAL: u8 = 1 << 2;
 
+/// Source ports of SNATed node-external flows (host order), above Linux's
+/// default ephemeral range (32768–60999): a reply to such a flow is told
+/// from the node's own traffic by its destination port alone, so packets
+/// that are no service's cost one map lookup.
+pub const SNAT_PORT_MIN: u16 = 61000;
+pub const SNAT_PORT_MAX: u16 = 65535;
+
 /// Idle timeouts of `EKP_CT` entries, seconds.
 pub const CT_TIMEOUT_TCP: u32 = 21_600;
 pub const CT_TIMEOUT_TCP_CLOSING: u32 = 10;

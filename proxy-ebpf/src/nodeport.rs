@@ -40,7 +40,7 @@ use proxy_common::{
     SrcRangeKey,
     BACKEND_F_LOCAL, CT_F_CLOSING, CT_F_ORIGINAL, CT_F_REDIRECT, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP,
     CT_TIMEOUT_TCP_CLOSING, EXT_STAT_COUNT, FAMILY_V4, FAMILY_V6, MAX_AFFINITY, MAX_CT, MAX_IFACES,
-    MAX_SRC_RANGES, PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SRC_RANGE_FRONTEND_BITS,
+    MAX_SRC_RANGES, PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SNAT_PORT_MAX, SNAT_PORT_MIN, SRC_RANGE_FRONTEND_BITS,
     STAT_EXT_NO_BACKEND, STAT_EXT_SOURCE_DENIED, STAT_EXT_TRANSLATED, STAT_EXT_UNROUTABLE,
     SVC_FLAG_AFFINITY, SVC_FLAG_SOURCE_RANGES,
 };
@@ -95,8 +95,6 @@ const TCP_RST: u8 = 0x04;
 const FIB_PARAMS_LEN: i32 = core::mem::size_of::<FibParams>() as i32;
 /// How many source ports SNAT tries before it gives up on a flow.
 const SNAT_PORT_TRIES: u32 = 8;
-/// SNAT ports tried after the client's own: 32768..=65535.
-const SNAT_PORT_BASE: u32 = 32768;
 /// A conntrack entry's last-seen time is written at most this often.
 const CT_REFRESH_NS: u64 = NSEC_PER_SEC;
 
@@ -463,17 +461,29 @@ fn iface_addr(ifindex: u32, family: u8) -> Option<[u32; 4]> {
     }
 }
 
-/// A source port for SNAT to `snat` whose reply tuple is not taken by
-/// another flow: the client's own port first.
+/// A source port for the flow as `src` whose reply tuple no other flow
+/// holds: `first` (network order; 0 = none) if free, else one in
+/// `SNAT_PORT_MIN..=SNAT_PORT_MAX`. A client reusing its port towards
+/// another frontend of the same backend gets its port remapped, as
+/// netfilter's NAT would.
 #[inline(never)]
-fn snat_port(p: &Pkt, be: &Backend, snat: &[u32; 4]) -> Option<u16> {
+fn free_port(p: &Pkt, be: &Backend, src: &[u32; 4], first: u16) -> Option<u16> {
     // SAFETY: helper without arguments.
     let seed = unsafe { bpf_get_prandom_u32() };
-    let mut port = p.sport;
-    for i in 0..SNAT_PORT_TRIES {
+    let span = (SNAT_PORT_MAX - SNAT_PORT_MIN) as u32 + 1;
+    for i in 0..SNAT_PORT_TRIES + 1 {
+        let port = if i == 0 {
+            first
+        } else {
+            let host = SNAT_PORT_MIN as u32 + seed.wrapping_add(i.wrapping_mul(7919)) % span;
+            (host as u16).to_be()
+        };
+        if port == 0 {
+            continue;
+        }
         let reply = CtKey {
             saddr: be.addr,
-            daddr: *snat,
+            daddr: *src,
             sport: be.port,
             dport: port,
             proto: p.proto,
@@ -483,8 +493,6 @@ fn snat_port(p: &Pkt, be: &Backend, snat: &[u32; 4]) -> Option<u16> {
         if EKP_CT.get_ptr(reply).is_none() {
             return Some(port);
         }
-        let host = SNAT_PORT_BASE + (seed.wrapping_add(i * 7919) % (65536 - SNAT_PORT_BASE));
-        port = (host as u16).to_be();
     }
     None
 }
@@ -547,20 +555,8 @@ fn record(p: &Pkt, f: &Flow) -> bool {
 
 /// The first packet of a flow to a frontend: pick, record, translate.
 #[inline(never)]
-fn new_flow(ctx: &TcContext, p: &Pkt, now: u64) -> i32 {
-    let key = ServiceKey {
-        addr: p.daddr,
-        port: p.dport,
-        proto: p.proto,
-        family: p.family,
-        slot: 0,
-        scope: SCOPE_EXTERNAL,
-        _pad: 0,
-    };
-    // SAFETY: the value is copied out at once.
-    let Some(hdr) = (unsafe { EKP_SERVICES.get(&key) }).copied() else {
-        return TCX_NEXT; // not a frontend: the common case, one lookup
-    };
+fn new_flow(ctx: &TcContext, p: &Pkt, hdr: &ServiceValue, now: u64) -> i32 {
+    let key = frontend_key(p);
     let (n, flags, service_id) = (hdr.count, hdr.flags, hdr.service_id);
     if n == 0 {
         count(STAT_EXT_NO_BACKEND);
@@ -570,7 +566,7 @@ fn new_flow(ctx: &TcContext, p: &Pkt, now: u64) -> i32 {
         count(STAT_EXT_SOURCE_DENIED);
         return DROP;
     }
-    let Some((backend_id, be)) = pick(p, &key, &hdr, now) else {
+    let Some((backend_id, be)) = pick(p, &key, hdr, now) else {
         count(STAT_EXT_NO_BACKEND);
         return DROP;
     };
@@ -589,15 +585,13 @@ fn new_flow(ctx: &TcContext, p: &Pkt, now: u64) -> i32 {
     } else {
         route(ctx, p, &p.saddr, &be.addr)
     };
-    let (src, sport, redirect) = match iface_addr(out_if, p.family) {
+    let (src, first, redirect) = match iface_addr(out_if, p.family) {
         None => (p.saddr, p.sport, 0),
-        Some(snat) => {
-            let Some(port) = snat_port(p, &be, &snat) else {
-                count(STAT_EXT_UNROUTABLE);
-                return DROP;
-            };
-            (snat, port, CT_F_REDIRECT)
-        }
+        Some(snat) => (snat, 0, CT_F_REDIRECT),
+    };
+    let Some(sport) = free_port(p, &be, &src, first) else {
+        count(STAT_EXT_UNROUTABLE);
+        return DROP;
     };
 
     let flow = Flow {
@@ -623,16 +617,48 @@ fn new_flow(ctx: &TcContext, p: &Pkt, now: u64) -> i32 {
     translate(ctx, p, &t, redirect)
 }
 
+/// The external-scope header key of the packet's destination.
+#[inline(always)]
+fn frontend_key(p: &Pkt) -> ServiceKey {
+    ServiceKey {
+        addr: p.daddr,
+        port: p.dport,
+        proto: p.proto,
+        family: p.family,
+        slot: 0,
+        scope: SCOPE_EXTERNAL,
+        _pad: 0,
+    }
+}
+
+/// The frontend header of the packet's destination, if it is one.
+#[inline(never)]
+fn frontend(p: &Pkt) -> Option<ServiceValue> {
+    // SAFETY: the value is copied out at once.
+    unsafe { EKP_SERVICES.get(&frontend_key(p)) }.copied()
+}
+
 #[classifier]
 pub fn ekp_tc_ingress(ctx: TcContext) -> i32 {
     let Some(p) = parse(&ctx) else {
         return TCX_NEXT;
     };
     let now = now_ns();
-    match known_flow(&ctx, &p, now, false) {
-        Some(verdict) => verdict,
-        None => new_flow(&ctx, &p, now),
+    if let Some(hdr) = frontend(&p) {
+        // To a frontend: the client's direction of a tracked flow, or a
+        // new one.
+        return match known_flow(&ctx, &p, now, false) {
+            Some(verdict) => verdict,
+            None => new_flow(&ctx, &p, &hdr, now),
+        };
     }
+    // Replies of remote backends come back to a SNAT port; anything else
+    // is no service's and has cost the one lookup above.
+    let dport = u16::from_be(p.dport);
+    if (SNAT_PORT_MIN..=SNAT_PORT_MAX).contains(&dport) {
+        return known_flow(&ctx, &p, now, false).unwrap_or(TCX_NEXT);
+    }
+    TCX_NEXT
 }
 
 #[classifier]

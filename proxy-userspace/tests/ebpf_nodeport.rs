@@ -393,6 +393,11 @@ fn node_external_traffic_is_translated_by_the_tc_programs() {
         etp_local(service("etp-local", Protocol::Tcp, 30082, &[remote()])),
         service("both", Protocol::Tcp, 30083, &[local(), remote()]),
         service("v6", Protocol::Tcp, 30084, &[local6]),
+        {
+            let mut se = service("sticky", Protocol::Tcp, 30087, &[local(), remote()]);
+            se.service.session_affinity_timeout = Some(60);
+            se
+        },
         load_balancer(
             service("fw", Protocol::Tcp, 30085, &[local()]),
             "203.0.113.10",
@@ -459,6 +464,19 @@ fn node_external_traffic_is_translated_by_the_tc_programs() {
     seen.sort_unstable();
     seen.dedup();
     assert_eq!(seen, ["pod", "remote"], "{r}");
+
+    // ClientIP affinity: every new connection of this client goes to the
+    // backend its first one picked.
+    let r = env.client(&["many", "192.168.77.1", "30087", "20"]);
+    let mut sticky: Vec<&str> = r["replies"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{r}"))
+        .iter()
+        .map(|v| v.as_str().unwrap().split('|').next().unwrap())
+        .collect();
+    assert_eq!(sticky.len(), 20, "{r}");
+    sticky.dedup();
+    assert_eq!(sticky.len(), 1, "{r}");
 
     // IPv6.
     let r = env.client(&["tcp", "fd77::1", "30084"]);

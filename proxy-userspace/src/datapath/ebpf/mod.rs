@@ -221,6 +221,7 @@ impl EbpfDatapath {
         let ifaces = node_ifaces(config)?;
         let mut attached = loader::load_and_attach(OBJECT, config, &ifaces)?;
         attached.ext.sync_ifaces(&ifaces)?;
+        warn_if_ephemeral_ports_overlap();
         let view = attached.maps.read_view()?;
         let sock_destroy_metrics = sockdestroy::SockDestroyMetrics::new()
             .map_err(|e| EbpfError::Load(format!("metrics: {e}")))?;
@@ -568,6 +569,32 @@ fn node_ifaces(config: &EbpfConfig) -> Result<Vec<NodeIface>, EbpfError> {
         &all,
         &config.nodeport_addresses,
     )))
+}
+
+/// The tc programs SNAT to ports in `SNAT_PORT_MIN..=SNAT_PORT_MAX`,
+/// above the kernel's default ephemeral range: a node whose own
+/// connections may take ports there could pick one that a SNATed flow to
+/// the same backend holds.
+fn warn_if_ephemeral_ports_overlap() {
+    let Ok(range) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range") else {
+        return;
+    };
+    let mut it = range
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok());
+    if let (Some(low), Some(high)) = (it.next(), it.next()) {
+        let (min, max) = (
+            u32::from(proxy_common::SNAT_PORT_MIN),
+            u32::from(proxy_common::SNAT_PORT_MAX),
+        );
+        if low <= max && high >= min {
+            tracing::warn!(
+                ip_local_port_range = %format!("{low} {high}"),
+                snat_ports = %format!("{min}-{max}"),
+                "the node's ephemeral ports overlap the ports node-external flows are SNATed to; set net.ipv4.ip_local_port_range below {min}"
+            );
+        }
+    }
 }
 
 fn iface_names(ifaces: &[NodeIface]) -> String {

@@ -146,7 +146,6 @@ pub(super) fn ipv6_nodeport_outside(bed: &mut Bed) -> Result<()> {
 /// bed's veths answer in well under a millisecond.
 pub(super) const DROP_TIMEOUT: Duration = Duration::from_millis(300);
 
-
 /// A LoadBalancer service `name` on `cluster_ip`, TCP 80 → 8080, with
 /// `external_ips` and `lb_ips` (status.loadBalancer.ingress). The
 /// addresses are outside every subnet of the bed: the outside namespace
