@@ -22,6 +22,9 @@ pub struct DesiredService {
     pub source_ranges: Option<Vec<Cidr>>,
     /// Sorted, no duplicates; empty = refuse connections.
     pub backends: Vec<BackendAddr>,
+    /// Endpoints of the VIP that terminate but still serve and are not
+    /// picked any more (socket scope): their TCP connections drain.
+    pub draining: Vec<BackendAddr>,
 }
 
 impl DesiredService {
@@ -68,16 +71,20 @@ pub fn desired_services(
     };
     for pm in &svc.ports {
         let proto = pm.protocol.ip_number();
-        let backends = |family_v4: bool, pick: fn(&EndpointScopes) -> bool| -> Vec<BackendAddr> {
+        let backends = |family_v4: bool,
+                        pick: fn(&EndpointScopes) -> bool,
+                        draining: bool|
+         -> Vec<BackendAddr> {
             let mut b: Vec<BackendAddr> = se
                 .endpoints
                 .iter()
                 .filter(|e| e.ip.is_ipv4() == family_v4)
+                .filter(|e| !draining || (e.conditions.serving && e.conditions.terminating))
                 .flat_map(|e| {
                     e.ports
                         .iter()
                         .filter(|p| p.name == pm.name && p.protocol == pm.protocol)
-                        .filter(|p| pick(&p.scopes))
+                        .filter(|p| pick(&p.scopes) != draining)
                         .map(|p| BackendAddr {
                             ip: e.ip,
                             port: p.port,
@@ -115,7 +122,11 @@ pub fn desired_services(
                 } else {
                     Some(family)
                 },
-                backends: backends(ip.is_ipv4(), pick),
+                backends: backends(ip.is_ipv4(), pick, false),
+                draining: match scope {
+                    Scope::Socket => backends(ip.is_ipv4(), pick, true),
+                    Scope::External => Vec::new(),
+                },
             });
         };
         let owns = |ip: FrontendIp, port: u16| {

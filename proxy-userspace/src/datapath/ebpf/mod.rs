@@ -200,6 +200,8 @@ pub struct EbpfDatapath {
     /// cannot (no `bpf_sock_destroy`) or the iterators failed to load.
     sock_destroyer: Option<sockdestroy::SockDestroyer>,
     sock_destroy_metrics: sockdestroy::SockDestroyMetrics,
+    /// Endpoints whose TCP connections drain (not destroyed yet).
+    draining: sockdestroy::Draining,
 }
 
 impl std::fmt::Debug for EbpfDatapath {
@@ -251,6 +253,7 @@ impl EbpfDatapath {
             metrics,
             sock_destroyer,
             sock_destroy_metrics,
+            draining: sockdestroy::Draining::default(),
         };
         dp.show_capacity();
         Ok(dp)
@@ -328,6 +331,7 @@ impl EbpfDatapath {
             }
         }
         self.ext.add_ranges(ranges_before)?;
+        let drained = self.draining.update(&changes);
         let plan = plan::plan(&self.view, changes);
         self.check_fits(&plan.ops)?;
         let pairs = self
@@ -340,7 +344,9 @@ impl EbpfDatapath {
         }
         let gc = plan::plan_gc(&self.view);
         maps::execute(&gc, &mut self.view, &mut self.maps)?;
-        if let (Some(d), Some((removed, added))) = (&self.sock_destroyer, pairs) {
+        if let (Some(d), Some((mut removed, added))) = (&self.sock_destroyer, pairs) {
+            removed.retain(|p| !self.draining.keeps(p));
+            removed.extend(drained);
             d.submit(removed, &added);
         }
         if let Some(PlanProblem::TooManyBackends { vip, count }) = plan.problems.first() {

@@ -35,6 +35,7 @@ fn desired(v: &str, backends: &[&str], affinity: Option<u32>) -> DesiredService 
         affinity_timeout: affinity,
         source_ranges: None,
         backends,
+        draining: vec![],
     }
 }
 

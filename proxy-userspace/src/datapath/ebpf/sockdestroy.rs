@@ -46,7 +46,7 @@ use proxy_common::{
 
 use super::chain;
 use super::codec::{encode_ip, BackendAddr, Scope, Vip};
-use super::plan::{Op, Programmed};
+use super::plan::{Change, Op, Programmed};
 
 /// The kfunc the iterators call.
 const KFUNC: &str = "bpf_sock_destroy";
@@ -192,6 +192,54 @@ pub fn removed_and_added(view: &Programmed, ops: &[Op]) -> (Vec<Pair>, Vec<Pair>
     let removed = was.difference(&put).copied().collect();
     let added = put.difference(&was).copied().collect();
     (removed, added)
+}
+
+/// TCP connections to an endpoint that terminates but still serves are
+/// left to drain, as kube-proxy leaves their conntrack entries: they are
+/// destroyed only once the endpoint stops serving or leaves the slice.
+/// UDP sockets go at once (the stale-UDP problem is about exactly those).
+#[derive(Debug, Default)]
+pub struct Draining {
+    by_vip: StdHashMap<Vip, Vec<SocketAddr>>,
+}
+
+fn socket_addrs(b: &[BackendAddr]) -> Vec<SocketAddr> {
+    b.iter().map(|b| SocketAddr::new(b.ip, b.port)).collect()
+}
+
+impl Draining {
+    /// Records what the changed VIPs drain now; returns the pairs whose
+    /// drain ended (to destroy).
+    pub fn update(&mut self, changes: &[Change<'_>]) -> Vec<Pair> {
+        let mut ended = Vec::new();
+        for c in changes {
+            let (vip, now, picked) = match c {
+                Change::Upsert(d) => (d.vip, socket_addrs(&d.draining), socket_addrs(&d.backends)),
+                Change::Remove(vip) => (*vip, Vec::new(), Vec::new()),
+            };
+            if vip.scope != Scope::Socket || vip.proto != proxy_common::PROTO_TCP {
+                continue;
+            }
+            let before = if now.is_empty() {
+                self.by_vip.remove(&vip)
+            } else {
+                self.by_vip.insert(vip, now.clone())
+            };
+            ended.extend(
+                before
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|a| !now.contains(a) && !picked.contains(a))
+                    .map(|a| (vip, a)),
+            );
+        }
+        ended
+    }
+
+    /// Whether the pair's TCP connections are draining (kept).
+    pub fn keeps(&self, (vip, backend): &Pair) -> bool {
+        self.by_vip.get(vip).is_some_and(|d| d.contains(backend))
+    }
 }
 
 fn slot_value(view: &Programmed, vip: &Vip, slot: u16) -> u32 {
@@ -657,6 +705,7 @@ fn in_netns<T>(
 mod tests {
     use super::*;
     use crate::datapath::ebpf::codec::Header;
+    use crate::datapath::ebpf::desired::DesiredService;
     use proxy_common::ServiceValue;
     use std::net::IpAddr;
 
@@ -785,5 +834,43 @@ mod tests {
         assert_eq!(patch_kfunc_calls(&mut obj, 0x1234), 1);
         assert_eq!(&obj[16..24], &[0x85, 0x20, 0, 0, 0x34, 0x12, 0, 0]);
         assert_eq!(&obj[4..12], &call);
+    }
+
+    fn desired(v: Vip, backends: &[u8], draining: &[u8]) -> DesiredService {
+        DesiredService {
+            vip: v,
+            owner: crate::model::ObjectKey::new("default", "svc"),
+            affinity_timeout: None,
+            source_ranges: None,
+            backends: backends.iter().map(|b| be(*b)).collect(),
+            draining: draining.iter().map(|b| be(*b)).collect(),
+        }
+    }
+
+    /// A terminating endpoint that still serves keeps its TCP connections
+    /// until it stops serving; UDP connections are never kept.
+    #[test]
+    fn tcp_connections_drain_until_the_endpoint_stops_serving() {
+        let mut d = Draining::default();
+        let (serving, terminating) = (desired(vip(1), &[1, 2], &[]), desired(vip(1), &[2], &[1]));
+        assert!(d.update(&[Change::Upsert(&serving)]).is_empty());
+        assert!(d.update(&[Change::Upsert(&terminating)]).is_empty());
+        assert!(d.keeps(&(vip(1), sa(1))));
+        assert!(!d.keeps(&(vip(1), sa(2))), "not draining: picked");
+        let gone = desired(vip(1), &[2], &[]);
+        assert_eq!(d.update(&[Change::Upsert(&gone)]), [(vip(1), sa(1))]);
+        assert!(!d.keeps(&(vip(1), sa(1))));
+
+        // A removed VIP ends its drains.
+        assert!(d.update(&[Change::Upsert(&terminating)]).is_empty());
+        assert_eq!(d.update(&[Change::Remove(vip(1))]), [(vip(1), sa(1))]);
+
+        let udp = Vip {
+            proto: proxy_common::PROTO_UDP,
+            ..vip(2)
+        };
+        let udp_terminating = desired(udp, &[2], &[1]);
+        assert!(d.update(&[Change::Upsert(&udp_terminating)]).is_empty());
+        assert!(!d.keeps(&(udp, sa(1))), "UDP sockets go at once");
     }
 }
