@@ -11,9 +11,6 @@ use super::*;
 /// A client outside the node reaches a NodePort on the node's address,
 /// spread over the endpoints (eTP=Cluster).
 pub(super) fn nodeport_outside(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode == "ebpf" {
-        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
-    }
     ensure_daemon(bed)?;
     let svc = Svc {
         kind: "NodePort",
@@ -53,9 +50,6 @@ pub(super) fn nodeport_outside(bed: &mut Bed) -> Result<()> {
 /// reaches no service (the node itself refuses it), while cluster IPs
 /// keep working.
 pub(super) fn nodeport_addresses(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode == "ebpf" {
-        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
-    }
     let svc = Svc {
         kind: "NodePort",
         node_ports: &[30150],
@@ -121,9 +115,6 @@ pub(super) fn nodeport_addresses(bed: &mut Bed) -> Result<()> {
 /// A client outside the node reaches an IPv6 NodePort on the node's IPv6
 /// address, spread over the endpoints' IPv6 addresses.
 pub(super) fn ipv6_nodeport_outside(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode == "ebpf" {
-        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
-    }
     ensure_daemon(bed)?;
     let svc = Svc {
         kind: "NodePort",
@@ -155,14 +146,11 @@ pub(super) fn ipv6_nodeport_outside(bed: &mut Bed) -> Result<()> {
 /// bed's veths answer in well under a millisecond.
 pub(super) const DROP_TIMEOUT: Duration = Duration::from_millis(300);
 
-pub(super) const NO_EXTERNAL_DATAPATH: &str =
-    "the eBPF datapath has no tc programs for node-external traffic yet";
-
 /// A LoadBalancer service `name` on `cluster_ip`, TCP 80 → 8080, with
 /// `external_ips` and `lb_ips` (status.loadBalancer.ingress). The
-/// addresses are outside every subnet of the bed: the outside namespace
-/// sends them to the node along its default route, as a router in front of
-/// the node would.
+/// addresses are in the prefixes the bed's router sends to node 1
+/// ([`crate::e2e::bed::EXTERNAL_V4_PREFIX`]), as a router in front of a
+/// cluster would.
 fn load_balancer<'a>(
     name: &'a str,
     cluster_ip: &'a str,
@@ -180,9 +168,6 @@ fn load_balancer<'a>(
 /// A client outside the node reaches the service on its external IP and
 /// on its load-balancer IP (eTP=Cluster), spread over the endpoints.
 pub(super) fn external_and_lb_ips(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode == "ebpf" {
-        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
-    }
     ensure_daemon(bed)?;
     let (external_ip, lb_ip) = ("203.0.113.20", "203.0.113.10");
     let addresses = ([external_ip], [lb_ip]);
@@ -213,9 +198,6 @@ pub(super) fn external_and_lb_ips(bed: &mut Bed) -> Result<()> {
 /// load-balancer IP (while the external IP, which the ranges do not cover,
 /// still serves it); once the ranges include it, it is served.
 pub(super) fn lb_source_ranges(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode == "ebpf" {
-        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
-    }
     ensure_daemon(bed)?;
     let (external_ip, lb_ip) = ("203.0.113.21", "203.0.113.11");
     let addresses = ([external_ip], [lb_ip]);
@@ -230,7 +212,7 @@ pub(super) fn lb_source_ranges(bed: &mut Bed) -> Result<()> {
             slice_yaml(bed, &fw, false, &three_pods()),
         ])
     };
-    // The outside client is 192.168.100.2.
+    // The outside client is in OUTSIDE_SUBNET, behind the router.
     bed.apply_manifests(&manifests("\"198.51.100.0/24\""))?;
     let outside = bed.outside_netns.clone();
     // Served on the external IP: the service is programmed.
@@ -247,7 +229,10 @@ pub(super) fn lb_source_ranges(bed: &mut Bed) -> Result<()> {
     assert_dropped(&r, &format!("{lb_target} from a source outside the ranges"))?;
 
     let applied = Instant::now();
-    bed.apply_manifests(&manifests("\"198.51.100.0/24\", \"192.168.100.0/24\""))?;
+    bed.apply_manifests(&manifests(&format!(
+        "\"198.51.100.0/24\", \"{}\"",
+        crate::e2e::bed::OUTSIDE_SUBNET
+    )))?;
     wait_until_served_from(
         bed,
         Some(&outside),
@@ -271,9 +256,6 @@ pub(super) fn lb_source_ranges(bed: &mut Bed) -> Result<()> {
 /// reaches the endpoint on this node (node-1, the daemon's
 /// --hostname-override), and is dropped once no endpoint is local.
 pub(super) fn etp_local_nodeport(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode == "ebpf" {
-        return Err(Skip(NO_EXTERNAL_DATAPATH).into());
-    }
     ensure_daemon(bed)?;
     let svc = Svc {
         kind: "NodePort",
@@ -316,13 +298,18 @@ pub(super) fn etp_local_nodeport(bed: &mut Bed) -> Result<()> {
 }
 
 /// `--proxy-mode auto` with eBPF made to fail (test hook): one log line
-/// with the cause, and traffic flows through nftables. Only in the
-/// nftables bed, whose node has the default route nftables needs.
+/// with the cause, and traffic flows through nftables. In the eBPF bed the
+/// eBPF daemon's programs are cleaned up first (they would serve the
+/// service themselves), and the node gets the default route nftables
+/// needs for the time of the scenario; both are undone afterwards.
 pub(super) fn auto_fallback(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode != "nftables" {
-        return Err(Skip("runs in the nftables bed").into());
-    }
+    let bed_mode = bed.proxy_mode.clone();
     bed.stop_daemon()?;
+    if bed_mode == "ebpf" {
+        bed.cleanup_command()?;
+        let node = bed.node_netns.clone();
+        bed.add_void_default_route(&node)?;
+    }
     bed.proxy_mode = "auto".to_owned();
     bed.daemon_env = vec![(
         "EBPF_KUBE_PROXY_TEST_FORCE_EBPF_FAILURE".to_owned(),
@@ -350,7 +337,11 @@ pub(super) fn auto_fallback(bed: &mut Bed) -> Result<()> {
         Ok(())
     })();
     let _ = bed.stop_daemon();
-    bed.proxy_mode = "nftables".to_owned();
+    bed.proxy_mode = bed_mode;
     bed.daemon_env.clear();
+    if bed.proxy_mode == "ebpf" {
+        bed.cleanup_command()?;
+        bed.remove_void_default_route()?;
+    }
     result
 }
