@@ -34,7 +34,8 @@ impl Node2 {
     }
 
     fn log_path(&self) -> PathBuf {
-        self.log_dir.join(format!("daemon-node2-{}.log", self.starts))
+        self.log_dir
+            .join(format!("daemon-node2-{}.log", self.starts))
     }
 
     pub fn daemon_log(&self) -> String {
@@ -169,7 +170,10 @@ impl Bed {
                 "--localnet-socket",
                 n2.localnet_socket.clone().into_os_string(),
             ),
-            ("--podinfo-socket", n2.podinfo_socket.clone().into_os_string()),
+            (
+                "--podinfo-socket",
+                n2.podinfo_socket.clone().into_os_string(),
+            ),
             ("--metrics-bind-address", free_port()?.to_string().into()),
             ("--healthz-bind-address", free_port()?.to_string().into()),
         ] {
