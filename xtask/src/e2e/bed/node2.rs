@@ -86,7 +86,15 @@ impl Bed {
             let n2 = self.build_node2().context("building node 2")?;
             self.node2 = Some(n2);
         }
-        if self.node2.as_ref().is_some_and(|n| n.daemon.is_none()) {
+        let n2 = self.node2.as_mut().context("node 2")?;
+        // A daemon that exited (a failed scenario may have left it so) is
+        // started again, like one that was never started.
+        if let Some(d) = n2.daemon.as_mut() {
+            if d.try_wait()?.is_some() {
+                n2.daemon = None;
+            }
+        }
+        if n2.daemon.is_none() {
             self.start_node2_daemon()?;
         }
         self.node2.as_ref().context("node 2")
