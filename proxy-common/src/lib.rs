@@ -31,6 +31,21 @@ pub const FAMILY_V6: u8 = 6;
 
 /// Header flag: session affinity ClientIP.
 pub const SVC_FLAG_AFFINITY: u16 = 1 << 0;
+/// Header flag (node-external scope): only sources listed in
+/// `EKP_SRC_RANGES` for this frontend may connect (loadBalancerSourceRanges).
+pub const SVC_FLAG_SOURCE_RANGES: u16 = 1 << 1;
+
+/// `ServiceKey::scope`: which program reads the entry.
+/// Socket-LB hooks: cluster IPs, and external / load-balancer IPs and node
+/// ports reached from a socket on the node.
+pub const SCOPE_SOCKET: u8 = 0;
+/// tc programs: node ports, external IPs and load-balancer IPs reached by
+/// packets arriving on a node interface (externalTrafficPolicy applies).
+pub const SCOPE_EXTERNAL: u8 = 1;
+
+/// `Backend::flags`: the endpoint runs on this node (no SNAT needed for
+/// node-external traffic to it).
+pub const BACKEND_F_LOCAL: u8 = 1 << 0;
 
 /// Map names (also the pin file names under `--bpffs-root`).
 pub const MAP_SERVICES: &str = "EKP_SERVICES";
@@ -38,6 +53,10 @@ pub const MAP_BACKENDS: &str = "EKP_BACKENDS";
 pub const MAP_REVNAT: &str = "EKP_REVNAT";
 pub const MAP_AFFINITY: &str = "EKP_AFFINITY";
 pub const MAP_STATS: &str = "EKP_STATS";
+pub const MAP_CT: &str = "EKP_CT";
+pub const MAP_IFACES: &str = "EKP_IFACES";
+pub const MAP_SRC_RANGES: &str = "EKP_SRC_RANGES";
+pub const MAP_EXT_AFFINITY: &str = "EKP_EXT_AFFINITY";
 
 /// Capacities in the object. The daemon creates `EKP_SERVICES` and
 /// `EKP_BACKENDS` itself with `--ebpf-map-size` entries (unpreallocated)
@@ -47,6 +66,12 @@ pub const MAX_SERVICE_ENTRIES: u32 = 262_144;
 pub const MAX_BACKENDS: u32 = 262_144;
 pub const MAX_REVNAT: u32 = 262_144;
 pub const MAX_AFFINITY: u32 = 65_536;
+/// Connection-tracking entries of node-external flows (two per flow).
+pub const MAX_CT: u32 = 262_144;
+/// Interfaces with node addresses the tc programs are attached to.
+pub const MAX_IFACES: u32 = 1024;
+/// loadBalancerSourceRanges entries, all services together.
+pub const MAX_SRC_RANGES: u32 = 65_536;
 /// Most backends one service can have; also bounds the slot lookup.
 pub const MAX_BACKENDS_PER_SERVICE: u16 = 4096;
 
@@ -55,7 +80,17 @@ pub const STAT_TRANSLATED: u32 = 0;
 pub const STAT_NO_BACKEND: u32 = 1;
 pub const STAT_AFFINITY_HIT: u32 = 2;
 pub const STAT_SLOT_MISSING: u32 = 3;
-pub const STAT_COUNT: u32 = 4;
+/// tc: a node-external packet was translated (new flow or conntrack hit).
+pub const STAT_EXT_TRANSLATED: u32 = 4;
+/// tc: a node-external packet for a frontend without usable endpoint
+/// (eTP=Local with no local endpoint) was dropped.
+pub const STAT_EXT_NO_BACKEND: u32 = 5;
+/// tc: dropped by loadBalancerSourceRanges.
+pub const STAT_EXT_SOURCE_DENIED: u32 = 6;
+/// tc: a remote backend could not be reached (no route, no node address
+/// to SNAT to, no free SNAT port).
+pub const STAT_EXT_UNROUTABLE: u32 = 7;
+pub const STAT_COUNT: u32 = 8;
 
 /// Key of `EKP_SERVICES`: one service port's VIP plus the slot number.
 #[repr(C)]
@@ -69,7 +104,9 @@ pub struct ServiceKey {
     pub family: u8,
     /// 0 = header, 1..=count = backend slots.
     pub slot: u16,
-    pub _pad: u16,
+    /// [`SCOPE_SOCKET`] or [`SCOPE_EXTERNAL`].
+    pub scope: u8,
+    pub _pad: u8,
 }
 
 /// Value of `EKP_SERVICES`. In the header (`slot == 0`) `count`, `flags`,
@@ -97,7 +134,8 @@ pub struct Backend {
     /// Network order.
     pub port: u16,
     pub family: u8,
-    pub _pad: u8,
+    /// [`BACKEND_F_LOCAL`].
+    pub flags: u8,
 }
 
 /// Key of `EKP_REVNAT`: the socket and the backend it was sent to.
@@ -140,6 +178,95 @@ pub struct AffinityValue {
     pub last_used_ns: u64,
 }
 
+/// Key of `EKP_CT`, the tc programs' connection tracking: a packet's
+/// 5-tuple as it is on the wire where the program sees it. Each flow has
+/// two entries: the client's direction (seen on ingress) and the reply
+/// direction (seen on egress for a local backend, on ingress for a remote
+/// one behind SNAT).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct CtKey {
+    pub saddr: [u32; 4],
+    pub daddr: [u32; 4],
+    /// Network order.
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad: u16,
+}
+
+/// `CtValue::flags`: forward the rewritten packet with a FIB lookup and
+/// redirect (it carries a node address as source or destination, which
+/// the stack would drop as a martian).
+pub const CT_F_REDIRECT: u8 = 1 << 0;
+/// `CtValue::flags`: a FIN or RST was seen; the entry expires sooner.
+pub const CT_F_CLOSING: u8 = 1 << 1;
+/// `CtValue::flags`: the client's direction (the other entry is the reply).
+pub const CT_F_ORIGINAL: u8 = 1 << 2;
+
+/// Idle timeouts of `EKP_CT` entries, seconds.
+pub const CT_TIMEOUT_TCP: u32 = 21_600;
+pub const CT_TIMEOUT_TCP_CLOSING: u32 = 10;
+pub const CT_TIMEOUT_OTHER: u32 = 60;
+
+/// Value of `EKP_CT`: the tuple the packet is rewritten to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct CtValue {
+    pub saddr: [u32; 4],
+    pub daddr: [u32; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub flags: u8,
+    pub _pad: [u8; 3],
+    /// `bpf_ktime_get_ns()` when the entry was last refreshed.
+    pub last_seen_ns: u64,
+    /// Backend id the flow was sent to (0 for reply entries).
+    pub backend_id: u32,
+    /// `service_id` of the frontend header (for dump and affinity).
+    pub service_id: u32,
+}
+
+/// Value of `EKP_IFACES` (key: ifindex, `u32`): the node's addresses on an
+/// interface the tc programs serve, the SNAT source for remote backends
+/// reached through it. 0 = none of that family.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct IfaceValue {
+    /// Network order.
+    pub v4: u32,
+    pub v6: [u32; 4],
+}
+
+/// Data of the `EKP_SRC_RANGES` LPM trie key (the trie's `prefix_len`
+/// comes before it): a frontend and a source prefix. The prefix length
+/// covers [`SRC_RANGE_FRONTEND_BITS`] for the frontend part (`addr`,
+/// `port`, `proto`, `family`) plus the source prefix's own length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct SrcRangeKey {
+    pub addr: [u32; 4],
+    pub port: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub src: [u32; 4],
+}
+
+/// Bits of [`SrcRangeKey`] before `src`.
+pub const SRC_RANGE_FRONTEND_BITS: u32 = 160;
+
+/// Key of `EKP_EXT_AFFINITY`: an outside client (its address) and the
+/// frontend's service id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ExtAffinityKey {
+    pub client: [u32; 4],
+    pub service_id: u32,
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: every type is #[repr(C)], made of integers and integer arrays
@@ -152,6 +279,11 @@ mod pod {
     unsafe impl aya::Pod for super::RevNatValue {}
     unsafe impl aya::Pod for super::AffinityKey {}
     unsafe impl aya::Pod for super::AffinityValue {}
+    unsafe impl aya::Pod for super::CtKey {}
+    unsafe impl aya::Pod for super::CtValue {}
+    unsafe impl aya::Pod for super::IfaceValue {}
+    unsafe impl aya::Pod for super::SrcRangeKey {}
+    unsafe impl aya::Pod for super::ExtAffinityKey {}
 }
 
 #[cfg(test)]
@@ -183,5 +315,14 @@ mod tests {
         assert_eq!(size_of::<AffinityKey>(), 16);
         assert_eq!(size_of::<AffinityValue>(), 16);
         assert_eq!(offset_of!(AffinityValue, last_used_ns), 8);
+        assert_eq!(offset_of!(ServiceKey, scope), 22);
+        assert_eq!(size_of::<CtKey>(), 40);
+        assert_eq!(size_of::<CtValue>(), 56);
+        assert_eq!(offset_of!(CtValue, last_seen_ns), 40);
+        assert_eq!(size_of::<IfaceValue>(), 20);
+        assert_eq!(size_of::<SrcRangeKey>(), 36);
+        assert_eq!(offset_of!(SrcRangeKey, src), 20);
+        assert_eq!(SRC_RANGE_FRONTEND_BITS as usize, 20 * 8);
+        assert_eq!(size_of::<ExtAffinityKey>(), 24);
     }
 }

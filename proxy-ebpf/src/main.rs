@@ -21,6 +21,12 @@
 //! looked up as IPv4 services.
 //!
 //! Failures are counted in the per-CPU `EKP_STATS` array, never logged.
+//!
+//! Node-external traffic (node ports, external and load-balancer IPs
+//! reached from outside the node) is served by the tc programs in
+//! [`nodeport`], which share the services and backends maps.
+
+mod nodeport;
 
 use aya_ebpf::{
     bindings::bpf_sock_addr,
@@ -35,7 +41,7 @@ use aya_ebpf::{
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, RevNatKey, RevNatValue, ServiceKey, ServiceValue,
     FAMILY_V4, FAMILY_V6, MAX_AFFINITY, MAX_BACKENDS, MAX_REVNAT, MAX_SERVICE_ENTRIES, PROTO_SCTP,
-    PROTO_TCP, PROTO_UDP, STAT_AFFINITY_HIT, STAT_COUNT, STAT_NO_BACKEND, STAT_SLOT_MISSING,
+    PROTO_TCP, PROTO_UDP, SCOPE_SOCKET, STAT_AFFINITY_HIT, STAT_COUNT, STAT_NO_BACKEND, STAT_SLOT_MISSING,
     STAT_TRANSLATED, SVC_FLAG_AFFINITY,
 };
 
@@ -44,10 +50,10 @@ use proxy_common::{
 // while it is away.
 
 #[map]
-static EKP_SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::pinned(MAX_SERVICE_ENTRIES, 0);
+pub(crate) static EKP_SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::pinned(MAX_SERVICE_ENTRIES, 0);
 
 #[map]
-static EKP_BACKENDS: HashMap<u32, Backend> = HashMap::pinned(MAX_BACKENDS, 0);
+pub(crate) static EKP_BACKENDS: HashMap<u32, Backend> = HashMap::pinned(MAX_BACKENDS, 0);
 
 #[map]
 static EKP_REVNAT: LruHashMap<RevNatKey, RevNatValue> = LruHashMap::pinned(MAX_REVNAT, 0);
@@ -68,7 +74,7 @@ const REJECT: i32 = 0;
 /// (network byte order).
 const V4_MAPPED_MARKER: u32 = u32::from_be(0x0000_ffff);
 
-const NSEC_PER_SEC: u64 = 1_000_000_000;
+pub(crate) const NSEC_PER_SEC: u64 = 1_000_000_000;
 
 /// A socket address as the hook sees it, normalised: an IPv4-mapped IPv6
 /// address becomes `family = 4` with the address in `addr[0]`.
@@ -83,7 +89,7 @@ struct SockAddr {
 }
 
 #[inline(always)]
-fn count(stat: u32) {
+pub(crate) fn count(stat: u32) {
     if let Some(p) = EKP_STATS.get_ptr_mut(stat) {
         // SAFETY: a per-CPU array slot belongs to this CPU while the
         // program runs (programs do not migrate), so this is no data race.
@@ -173,7 +179,7 @@ fn socket_protocol(sa: *const bpf_sock_addr) -> Option<u8> {
 /// A backend id from a slot of the service, or `None` if the slot is
 /// missing (never expected: the daemon writes slots before the count).
 #[inline(always)]
-fn random_slot(key: &ServiceKey, count: u16) -> Option<u32> {
+pub(crate) fn random_slot(key: &ServiceKey, count: u16) -> Option<u32> {
     // SAFETY: helper without arguments.
     let r = unsafe { bpf_get_prandom_u32() };
     // count > 0 was checked by the caller; the slot is part of a map key,
@@ -211,6 +217,7 @@ fn translate(ctx: &SockAddrContext, v6: bool, proto: u8) -> i32 {
         proto,
         family: dst.family,
         slot: 0,
+        scope: SCOPE_SOCKET,
         _pad: 0,
     };
     // SAFETY: the fields are copied out at once.

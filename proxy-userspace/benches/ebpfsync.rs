@@ -71,6 +71,9 @@ fn open(place: &Place) -> EbpfDatapath {
         bpffs_root: place.bpffs.clone(),
         cgroup_path: Some(place.cgroup.clone()),
         map_size: generation::DEFAULT_MAP_SIZE,
+        // No node address is in 0.0.0.0/32: the tc programs attach to no
+        // interface of the machine (this measures the socket hooks).
+        nodeport_addresses: vec!["0.0.0.0/32".parse().unwrap()],
     })
     .expect("opening the eBPF datapath")
 }

@@ -175,6 +175,14 @@ impl Applier {
         Ok(drifts)
     }
 
+    /// The node's addresses changed: the datapath follows them, and a full
+    /// sync comes next when its frontends depend on them.
+    pub fn node_addresses_changed(&mut self) -> Result<bool, DatapathError> {
+        let full = self.datapath.node_addresses_changed()?;
+        self.full_next |= full;
+        Ok(full)
+    }
+
     fn program_changes(
         &mut self,
         next: &LocalState,
@@ -238,6 +246,8 @@ enum Wake {
     Snapshot(Arc<Snapshot>),
     /// An operator asked for a drift check (SIGHUP).
     CheckRequested,
+    /// The node's addresses or interfaces changed.
+    NodeAddresses,
 }
 
 /// The coordinator's loop state between wake-ups.
@@ -371,6 +381,7 @@ pub async fn run(
     status: Arc<Status>,
     sync_period: Duration,
     drift_checks: Arc<Notify>,
+    node_addresses: Arc<Notify>,
 ) {
     let stall_file = std::env::var_os(STALL_DATAPATH_ENV).map(PathBuf::from);
     let drift_metrics = DriftMetrics::register(status.metrics().registry())
@@ -403,6 +414,7 @@ pub async fn run(
                 None => break,
             },
             () = drift_checks.notified() => Wake::CheckRequested,
+            () = node_addresses.notified() => Wake::NodeAddresses,
         };
         match wake {
             Wake::Snapshot(snapshot) => {
@@ -432,6 +444,20 @@ pub async fn run(
                 _ => tracing::info!(
                     "datapath drift check requested, but nothing is programmed yet (or a full sync after a failure is due anyway)"
                 ),
+            },
+            Wake::NodeAddresses => match c.applier.node_addresses_changed() {
+                Ok(true) => {
+                    if let Some(s) = latest.clone().filter(|_| c.programmed_rev.is_some()) {
+                        c.programmed_rev = None;
+                        c.apply(&s);
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "following the node's addresses failed; retrying with a full sync");
+                    c.programmed_rev = None;
+                    c.retry_at = Some(Instant::now());
+                }
             },
         }
     }
@@ -543,6 +569,7 @@ mod tests {
             status.clone(),
             sync_period,
             checks.clone(),
+            Arc::new(Notify::new()),
         ));
         let snapshot = || calls.lock().unwrap().clone();
         for _ in 0..500 {

@@ -177,6 +177,26 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
             }
         });
     }
+    // The eBPF datapath serves node ports on the node's addresses and
+    // attaches to the interfaces holding them: it follows their changes.
+    let node_addresses = Arc::new(tokio::sync::Notify::new());
+    if datapath.mode() == crate::datapath::ProxyMode::Ebpf {
+        let (mut changes, watch) = crate::node_addrs::subscribe(shutdown.clone())
+            .context("watching the node's addresses (rtnetlink)")?;
+        tasks.spawn(async move {
+            if let Err(e) = watch.await {
+                tracing::warn!(error = %e, "the node's addresses are no longer followed");
+            }
+            Ok(())
+        });
+        let notify = node_addresses.clone();
+        tasks.spawn(async move {
+            while changes.changed().await.is_ok() {
+                notify.notify_one();
+            }
+            Ok(())
+        });
+    }
     tasks.spawn({
         let run = crate::apply::run(
             crate::apply::Applier::new(datapath),
@@ -185,6 +205,7 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
             status.clone(),
             config.sync_period,
             drift_checks.clone(),
+            node_addresses,
         );
         async move {
             run.await;

@@ -21,6 +21,7 @@ pub mod localnet;
 pub mod logging;
 pub mod model;
 pub mod net;
+pub mod node_addrs;
 pub mod podinfo;
 pub mod snapshot;
 pub mod sources;

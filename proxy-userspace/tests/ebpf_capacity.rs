@@ -163,6 +163,9 @@ impl Env {
             bpffs_root: self.bpffs.clone(),
             cgroup_path: Some(self.cgroup.clone()),
             map_size,
+            // No node address is in 0.0.0.0/32: the tc programs attach to no
+            // interface of the machine (this measures the socket hooks).
+            nodeport_addresses: vec!["0.0.0.0/32".parse().unwrap()],
         }
     }
 

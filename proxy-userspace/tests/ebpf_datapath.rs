@@ -359,10 +359,14 @@ fn cluster_ip_traffic_is_balanced_in_the_kernel_and_survives_a_restart() {
     env.server("b1", 8081);
     env.server("b2", 8082);
 
+    // The datapath reads the thread's network namespace for the node's
+    // interfaces (the tc programs attach there): only the test's own.
+    test_support::netns::enter(&env.netns).unwrap();
     let config = EbpfConfig {
         bpffs_root: env.bpffs.clone(),
         cgroup_path: Some(env.cgroup.clone()),
         map_size: ebpf::generation::DEFAULT_MAP_SIZE,
+        nodeport_addresses: Vec::new(),
     };
     let mut dp = Applier::new(Box::new(
         EbpfDatapath::open(&config).expect("loading the eBPF datapath"),
@@ -570,7 +574,7 @@ fn cluster_ip_traffic_is_balanced_in_the_kernel_and_survives_a_restart() {
     );
     let report = ebpf::cleanup(&env.bpffs).expect("cleanup");
     assert_eq!(report.links.len(), 8, "{report:?}");
-    assert_eq!(report.maps.len(), 5, "{report:?}");
+    assert_eq!(report.maps.len(), loader::MAPS.len(), "{report:?}");
     assert!(!Path::new(&env.bpffs).exists());
     // The kernel releases a link whose last reference went away
     // asynchronously; give it a bounded moment.

@@ -6,12 +6,14 @@
 //! * [`fake_apiserver`]: a Kubernetes API server speaking the real
 //!   list/watch protocol;
 //! * [`netexec`]: the echo server the test pods run and its client;
+//! * [`netns`]: network namespaces a test creates, removed on drop;
 //! * [`cgroup2_root`]: where the cgroup v2 hierarchy is mounted, so tests
 //!   attach to a cgroup of their own below it, never to the root.
 
 pub mod fake_apiserver;
 pub mod manifests;
 pub mod netexec;
+pub mod netns;
 
 use std::path::PathBuf;
 

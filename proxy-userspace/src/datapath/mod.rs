@@ -103,6 +103,12 @@ pub trait Datapath: Send {
     fn verify(&mut self) -> Result<Vec<Drift>, DatapathError> {
         Ok(Vec::new())
     }
+    /// The node's addresses or interfaces changed (rtnetlink): follow
+    /// them. `Ok(true)` when the programmed frontends depend on them (node
+    /// ports on node addresses), so that a full sync must follow.
+    fn node_addresses_changed(&mut self) -> Result<bool, DatapathError> {
+        Ok(false)
+    }
     /// Registers the families only this datapath has (the nftables ones of
     /// SPEC §5.1) on `/metrics`.
     fn register_metrics(
@@ -186,6 +192,7 @@ pub fn select(
         bpffs_root: config.bpffs_root.clone(),
         cgroup_path: config.cgroup_path.clone(),
         map_size: config.ebpf_map_size,
+        nodeport_addresses: config.nodeport_addresses.clone(),
     };
     let choice = |mode, fallback: Option<&ebpf::EbpfError>| DatapathChoice {
         mode,

@@ -51,8 +51,10 @@ impl HcnpConfig {
                 IpAddr::V6(Ipv6Addr::UNSPECIFIED),
             ];
         }
-        let local = match if_addrs::get_if_addrs() {
-            Ok(ifs) => ifs.into_iter().map(|i| i.ip()).collect(),
+        // Not node_addrs::select: kube-proxy binds any local address the
+        // CIDRs hold, loopback included (`--nodeport-addresses=127.0.0.1/32`).
+        let local = match crate::node_addrs::list() {
+            Ok(addrs) => addrs.into_iter().map(|a| a.addr).collect(),
             Err(e) => {
                 tracing::warn!(error = %e, "listing the node's addresses for --nodeport-addresses");
                 Vec::new()

@@ -4,9 +4,39 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use proxy_common::{Backend, ServiceKey, ServiceValue, FAMILY_V4, FAMILY_V6, SVC_FLAG_AFFINITY};
+use proxy_common::{
+    Backend, ServiceKey, ServiceValue, BACKEND_F_LOCAL, FAMILY_V4, FAMILY_V6, SCOPE_EXTERNAL,
+    SCOPE_SOCKET, SVC_FLAG_AFFINITY,
+};
 
 use crate::model::Protocol;
+
+/// Which programs read a service entry (`ServiceKey::scope`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    /// The socket-LB hooks: connections made on the node.
+    #[default]
+    Socket,
+    /// The tc programs: packets arriving from outside the node.
+    External,
+}
+
+impl Scope {
+    pub fn code(self) -> u8 {
+        match self {
+            Scope::Socket => SCOPE_SOCKET,
+            Scope::External => SCOPE_EXTERNAL,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<Scope> {
+        match code {
+            SCOPE_SOCKET => Some(Scope::Socket),
+            SCOPE_EXTERNAL => Some(Scope::External),
+            _ => None,
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Vip {
@@ -14,6 +44,7 @@ pub struct Vip {
     pub port: u16,
     /// IANA protocol number.
     pub proto: u8,
+    pub scope: Scope,
 }
 
 /// An endpoint address: one entry in `EKP_BACKENDS`.
@@ -21,6 +52,9 @@ pub struct Vip {
 pub struct BackendAddr {
     pub ip: IpAddr,
     pub port: u16,
+    /// The endpoint runs on this node: node-external traffic reaches it
+    /// without SNAT.
+    pub local: bool,
 }
 
 /// Address words in network byte order as the kernel stores them, and the
@@ -68,6 +102,7 @@ impl Vip {
             proto: self.proto,
             family,
             slot,
+            scope: self.scope.code(),
             _pad: 0,
         }
     }
@@ -80,6 +115,7 @@ impl Vip {
                 ip,
                 port: u16::from_be(k.port),
                 proto: k.proto,
+                scope: Scope::from_code(k.scope)?,
             },
             k.slot,
         ))
@@ -89,7 +125,11 @@ impl Vip {
 impl std::fmt::Display for Vip {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let addr = std::net::SocketAddr::new(self.ip, self.port);
-        write!(f, "{addr}/{}", protocol_name(self.proto))
+        write!(f, "{addr}/{}", protocol_name(self.proto))?;
+        match self.scope {
+            Scope::Socket => Ok(()),
+            Scope::External => f.write_str(" (external)"),
+        }
     }
 }
 
@@ -100,7 +140,7 @@ impl BackendAddr {
             addr,
             port: self.port.to_be(),
             family,
-            _pad: 0,
+            flags: if self.local { BACKEND_F_LOCAL } else { 0 },
         }
     }
 
@@ -108,6 +148,7 @@ impl BackendAddr {
         Some(BackendAddr {
             ip: decode_ip(&b.addr, b.family)?,
             port: u16::from_be(b.port),
+            local: b.flags & BACKEND_F_LOCAL != 0,
         })
     }
 }

@@ -25,16 +25,19 @@ pub fn missing_links(root: &Path) -> Vec<Drift> {
     PROGRAMS
         .iter()
         .filter(|name| !root.join(LINKS_DIR).join(name).exists())
-        .map(|name| {
-            Drift::new(
-                DriftKind::Link,
-                format!("{}/{LINKS_DIR}/{name}", root.display()),
-                "",
-                "pinned link (program attached)",
-                "no pin (program detached)",
-            )
-        })
+        .map(|name| missing_link(root, name))
         .collect()
+}
+
+/// The difference of a missing link pin `name`.
+pub fn missing_link(root: &Path, name: &str) -> Drift {
+    Drift::new(
+        DriftKind::Link,
+        format!("{}/{LINKS_DIR}/{name}", root.display()),
+        "",
+        "pinned link (program attached)",
+        "no pin (program detached)",
+    )
 }
 
 fn header_text(h: &Header) -> String {
@@ -177,6 +180,7 @@ mod tests {
             ip: ip.parse().unwrap(),
             port: 80,
             proto: 6,
+            scope: super::super::codec::Scope::Socket,
         }
     }
 
@@ -184,6 +188,7 @@ mod tests {
         BackendAddr {
             ip: ip.parse::<IpAddr>().unwrap(),
             port: 8080,
+            local: false,
         }
     }
 

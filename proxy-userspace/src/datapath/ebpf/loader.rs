@@ -5,7 +5,9 @@
 //! Pin layout under `--bpffs-root`:
 //! ```text
 //! EKP_SERVICES EKP_BACKENDS EKP_REVNAT EKP_AFFINITY EKP_STATS   maps
+//! EKP_CT EKP_IFACES EKP_SRC_RANGES EKP_EXT_AFFINITY              maps (tc)
 //! links/ekp_connect4 … links/ekp_getpeername6                    bpf_links
+//! links/ekp_tc_ingress_if<N> links/ekp_tc_egress_if<N>           TCX links
 //! ```
 //! A pinned link keeps its program attached after the daemon exits;
 //! removing the pin detaches it.
@@ -17,13 +19,17 @@ use std::path::{Path, PathBuf};
 use aya::maps::MapData;
 use aya::programs::links::FdLink;
 use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError};
+use aya::Ebpf;
 use aya::EbpfLoader;
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, RevNatKey, RevNatValue, ServiceKey, ServiceValue,
-    MAP_AFFINITY, MAP_BACKENDS, MAP_REVNAT, MAP_SERVICES, MAP_STATS, MAX_AFFINITY, MAX_BACKENDS,
-    MAX_REVNAT, MAX_SERVICE_ENTRIES, STAT_COUNT,
+    AffinityKey, AffinityValue, Backend, CtKey, CtValue, ExtAffinityKey, IfaceValue, RevNatKey,
+    RevNatValue, ServiceKey, ServiceValue, SrcRangeKey, MAP_AFFINITY, MAP_BACKENDS, MAP_CT,
+    MAP_EXT_AFFINITY, MAP_IFACES, MAP_REVNAT, MAP_SERVICES, MAP_SRC_RANGES, MAP_STATS,
+    MAX_AFFINITY, MAX_BACKENDS, MAX_CT, MAX_IFACES, MAX_REVNAT, MAX_SERVICE_ENTRIES,
+    MAX_SRC_RANGES, STAT_COUNT,
 };
 
+use super::external::{self, ExtMaps, NodeIface};
 use super::generation::{self, SIZED_MAPS};
 use super::maps::KernelMaps;
 use super::{chain, EbpfConfig, EbpfError, BPFFS_MOUNT};
@@ -42,7 +48,7 @@ pub const PROGRAMS: [&str; 8] = [
 
 /// Every map with the key size, value size and capacity this binary uses
 /// (the capacity of [`SIZED_MAPS`] is `--ebpf-map-size` instead).
-pub const MAPS: [(&str, usize, usize, u32); 5] = [
+pub const MAPS: [(&str, usize, usize, u32); 9] = [
     (
         MAP_SERVICES,
         size_of::<ServiceKey>(),
@@ -68,6 +74,26 @@ pub const MAPS: [(&str, usize, usize, u32); 5] = [
         MAX_AFFINITY,
     ),
     (MAP_STATS, size_of::<u32>(), size_of::<u64>(), STAT_COUNT),
+    (MAP_CT, size_of::<CtKey>(), size_of::<CtValue>(), MAX_CT),
+    (
+        MAP_IFACES,
+        size_of::<u32>(),
+        size_of::<IfaceValue>(),
+        MAX_IFACES,
+    ),
+    (
+        MAP_SRC_RANGES,
+        // The trie's key is its prefix length followed by the data.
+        size_of::<u32>() + size_of::<SrcRangeKey>(),
+        size_of::<u8>(),
+        MAX_SRC_RANGES,
+    ),
+    (
+        MAP_EXT_AFFINITY,
+        size_of::<ExtAffinityKey>(),
+        size_of::<AffinityValue>(),
+        MAX_AFFINITY,
+    ),
 ];
 
 pub const LINKS_DIR: &str = "links";
@@ -367,6 +393,10 @@ fn check_pinned_maps(root: &Path) -> Result<(), EbpfError> {
 /// The result of [`load_and_attach`].
 pub struct Attached {
     pub maps: KernelMaps,
+    pub ext: ExtMaps,
+    /// The loaded object: its tc programs attach to interfaces that gain
+    /// a node address later.
+    pub ebpf: Ebpf,
     pub cgroup: PathBuf,
     /// Links of an earlier daemon that the new ones replaced.
     pub replaced_links: usize,
@@ -374,7 +404,11 @@ pub struct Attached {
 
 /// Loads the object, reusing pinned maps, attaches every program to the
 /// cgroup with a pinned link, then removes the links it replaces.
-pub fn load_and_attach(object: &[u8], config: &EbpfConfig) -> Result<Attached, EbpfError> {
+pub fn load_and_attach(
+    object: &[u8],
+    config: &EbpfConfig,
+    ifaces: &[NodeIface],
+) -> Result<Attached, EbpfError> {
     check_capabilities()?;
     check_btf()?;
     let mounts = mounts();
@@ -383,7 +417,8 @@ pub fn load_and_attach(object: &[u8], config: &EbpfConfig) -> Result<Attached, E
     check_pinned_maps(&root)?;
     let prepared = generation::prepare(&root, config.map_size)?;
     let mut attached_any = false;
-    let result = load_and_attach_prepared(object, &cgroup, &root, &prepared, &mut attached_any);
+    let result =
+        load_and_attach_prepared(object, &cgroup, &root, &prepared, ifaces, &mut attached_any);
     if prepared.replacing.is_some() {
         // Once a hook runs a program of the new generation, that generation
         // is the one to keep (a retry then finds it pinned and fitting and
@@ -394,7 +429,7 @@ pub fn load_and_attach(object: &[u8], config: &EbpfConfig) -> Result<Attached, E
             generation::discard_next(&root);
         }
     }
-    let (maps, replaced) = result?;
+    let (maps, ext, ebpf, replaced) = result?;
     if let Some((from, to)) = prepared.replacing {
         tracing::info!(
             from,
@@ -404,6 +439,8 @@ pub fn load_and_attach(object: &[u8], config: &EbpfConfig) -> Result<Attached, E
     }
     Ok(Attached {
         maps,
+        ext,
+        ebpf,
         cgroup,
         replaced_links: replaced,
     })
@@ -414,8 +451,9 @@ fn load_and_attach_prepared(
     cgroup: &Path,
     root: &Path,
     prepared: &generation::Prepared,
+    ifaces: &[NodeIface],
     attached_any: &mut bool,
-) -> Result<(KernelMaps, usize), EbpfError> {
+) -> Result<(KernelMaps, ExtMaps, Ebpf, usize), EbpfError> {
     let cgroup = cgroup.to_path_buf();
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(root);
@@ -439,20 +477,14 @@ fn load_and_attach_prepared(
             .ok_or_else(|| EbpfError::Load(format!("program {name} is not in the object")))?
             .try_into()
             .map_err(|e: ProgramError| EbpfError::Load(format!("{name}: {}", chain(&e))))?;
-        prog.load().map_err(|e| match e {
-            ProgramError::LoadError {
-                io_error,
-                verifier_log,
-            } if io_error.raw_os_error() != Some(libc::EPERM) => EbpfError::Verifier {
-                program: name.to_owned(),
-                error: io_error,
-                log: tail(&verifier_log.to_string(), 25),
-            },
-            other => classify(&other, |r| EbpfError::Load(format!("{name}: {r}"))),
-        })?;
+        prog.load().map_err(|e| load_error(name, e))?;
     }
+    external::load(&mut ebpf)?;
 
-    let mut replaced = 0;
+    // Node-external traffic first: once the socket hooks of a new map
+    // generation run, the tc programs must already serve it too.
+    let mut replaced = external::attach(&mut ebpf, root, ifaces)?;
+    *attached_any |= !ifaces.is_empty();
     for name in PROGRAMS {
         let prog: &mut CgroupSockAddr = ebpf
             .program_mut(name)
@@ -504,7 +536,23 @@ fn load_and_attach_prepared(
     }
 
     let maps = KernelMaps::take(&mut ebpf)?;
-    Ok((maps, replaced))
+    let ext = ExtMaps::take(&mut ebpf)?;
+    Ok((maps, ext, ebpf, replaced))
+}
+
+/// A program's load error: the verifier's log when it refused it.
+pub fn load_error(name: &str, e: ProgramError) -> EbpfError {
+    match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } if io_error.raw_os_error() != Some(libc::EPERM) => EbpfError::Verifier {
+            program: name.to_owned(),
+            error: io_error,
+            log: tail(&verifier_log.to_string(), 25),
+        },
+        other => classify(&other, |r| EbpfError::Load(format!("{name}: {r}"))),
+    }
 }
 
 fn tail(log: &str, lines: usize) -> String {
@@ -512,7 +560,7 @@ fn tail(log: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-fn remove_if_exists(path: &Path) -> Result<bool, EbpfError> {
+pub(super) fn remove_if_exists(path: &Path) -> Result<bool, EbpfError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -723,6 +771,7 @@ mod tests {
             bpffs_root: PathBuf::from("/sys/fs/bpf/x"),
             cgroup_path: Some(PathBuf::from("/sys/fs/cgroup")),
             map_size: generation::DEFAULT_MAP_SIZE,
+            nodeport_addresses: Vec::new(),
         };
         let e = resolve_cgroup(&cfg, &m).unwrap_err().to_string();
         assert!(e.contains("its filesystem is tmpfs, not cgroup2"), "{e}");

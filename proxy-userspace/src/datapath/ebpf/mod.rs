@@ -28,12 +28,14 @@ pub mod counters;
 pub mod desired;
 pub mod drift;
 pub mod dump;
+pub mod external;
 pub mod generation;
 pub mod loader;
 pub mod maps;
 pub mod plan;
 
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use crate::model::{LocalState, ObjectKey};
@@ -44,6 +46,7 @@ use super::{
 use crate::model::claims::Claims;
 use codec::Vip;
 use desired::DesiredService;
+use external::{ExtMaps, NodeIface};
 use maps::KernelMaps;
 use plan::{Change, PlanProblem, Programmed};
 
@@ -67,6 +70,9 @@ pub struct EbpfConfig {
     pub cgroup_path: Option<PathBuf>,
     /// Entries of the services and backends maps (`--ebpf-map-size`).
     pub map_size: u32,
+    /// `--nodeport-addresses`: the node addresses node ports are served on
+    /// and whose interfaces get the tc programs (empty = every address).
+    pub nodeport_addresses: Vec<crate::net::Cidr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +111,14 @@ pub enum EbpfError {
         cgroup: PathBuf,
         reason: String,
     },
+    #[error("attaching {program} to interface {iface} (TCX): {reason}")]
+    AttachTc {
+        program: String,
+        iface: String,
+        reason: String,
+    },
+    #[error("{0}")]
+    NodeAddresses(#[from] crate::node_addrs::NodeAddrsError),
     #[error("pinning {}: {reason}", path.display())]
     Pin { path: PathBuf, reason: String },
     #[error("map {map} is full: {} entries needed, it holds {capacity}; the state does not fit (raise --ebpf-map-size); the services it could not hold were left as they were", needed.map_or_else(|| "more".to_owned(), |n| n.to_string()))]
@@ -164,6 +178,12 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// The eBPF datapath of a running daemon.
 pub struct EbpfDatapath {
     maps: KernelMaps,
+    ext: ExtMaps,
+    /// The loaded object, to attach the tc programs to new interfaces.
+    ebpf: aya::Ebpf,
+    /// Interfaces the tc programs serve, and the node ports' addresses.
+    ifaces: Vec<NodeIface>,
+    node_ips: Vec<IpAddr>,
     view: Programmed,
     /// The VIPs each service has programmed (those it owns).
     owned: HashMap<ObjectKey, Vec<Vip>>,
@@ -193,10 +213,13 @@ impl EbpfDatapath {
         if !object_embedded() {
             return Err(EbpfError::NoObject);
         }
-        let attached = loader::load_and_attach(OBJECT, config)?;
+        let ifaces = node_ifaces(config)?;
+        let mut attached = loader::load_and_attach(OBJECT, config, &ifaces)?;
+        attached.ext.sync_ifaces(&ifaces)?;
         let view = attached.maps.read_view()?;
         tracing::info!(
             cgroup = %attached.cgroup.display(),
+            interfaces = %iface_names(&ifaces),
             bpffs_root = %config.bpffs_root.display(),
             adopted_service_entries = view.service_entry_count(),
             adopted_backends = view.backend_count(),
@@ -207,6 +230,10 @@ impl EbpfDatapath {
             .map_err(|e| EbpfError::Load(format!("metrics: {e}")))?;
         let dp = EbpfDatapath {
             maps: attached.maps,
+            ext: attached.ext,
+            ebpf: attached.ebpf,
+            node_ips: external::node_ips(&ifaces),
+            ifaces,
             view,
             owned: HashMap::new(),
             root: config.bpffs_root.clone(),
@@ -221,9 +248,15 @@ impl EbpfDatapath {
     /// Loads and attaches the programs again (the pinned maps are reused),
     /// replacing every link, and reads the maps back.
     fn relink(&mut self) -> Result<(), EbpfError> {
-        let attached = loader::load_and_attach(OBJECT, &self.config)?;
+        let ifaces = node_ifaces(&self.config)?;
+        let mut attached = loader::load_and_attach(OBJECT, &self.config, &ifaces)?;
+        attached.ext.sync_ifaces(&ifaces)?;
         self.view = attached.maps.read_view()?;
         self.maps = attached.maps;
+        self.ext = attached.ext;
+        self.ebpf = attached.ebpf;
+        self.node_ips = external::node_ips(&ifaces);
+        self.ifaces = ifaces;
         self.relink = false;
         self.show_capacity();
         tracing::info!(
@@ -268,9 +301,27 @@ impl EbpfDatapath {
     }
 
     fn apply_changes(&mut self, changes: Vec<Change<'_>>) -> Result<ApplyStats, EbpfError> {
+        // Source ranges are written before the headers that ask for them
+        // and removed after the headers stopped asking.
+        let mut ranges_after: Vec<(Vip, Vec<crate::net::Cidr>)> = Vec::new();
+        let mut ranges_before: Vec<(Vip, &[crate::net::Cidr])> = Vec::new();
+        for c in &changes {
+            match c {
+                Change::Upsert(d) => {
+                    let keep = d.source_ranges.as_deref().unwrap_or(&[]);
+                    ranges_before.push((d.vip, keep));
+                    ranges_after.push((d.vip, keep.to_vec()));
+                }
+                Change::Remove(vip) => ranges_after.push((*vip, Vec::new())),
+            }
+        }
+        self.ext.add_ranges(ranges_before)?;
         let plan = plan::plan(&self.view, changes);
         self.check_fits(&plan.ops)?;
         maps::execute(&plan.ops, &mut self.view, &mut self.maps)?;
+        for (vip, keep) in &ranges_after {
+            self.ext.trim_ranges(vip, keep)?;
+        }
         let gc = plan::plan_gc(&self.view);
         maps::execute(&gc, &mut self.view, &mut self.maps)?;
         if let Some(PlanProblem::TooManyBackends { vip, count }) = plan.problems.first() {
@@ -289,6 +340,35 @@ impl EbpfDatapath {
         Ok(ApplyStats {
             services_changed: plan.vips_changed,
         })
+    }
+
+    /// Follows the node's addresses: attaches the tc programs to
+    /// interfaces that gained a selected address, detaches them from those
+    /// that lost all; `true` when the node ports' addresses changed, so
+    /// that the next full sync moves the node ports.
+    fn follow_node_addresses(&mut self) -> Result<bool, EbpfError> {
+        let ifaces = node_ifaces(&self.config)?;
+        if ifaces == self.ifaces {
+            return Ok(false);
+        }
+        let added: Vec<NodeIface> = ifaces
+            .iter()
+            .filter(|i| !self.ifaces.iter().any(|o| o.ifindex == i.ifindex))
+            .cloned()
+            .collect();
+        external::attach(&mut self.ebpf, &self.root, &added)?;
+        external::detach_others(&self.root, &ifaces)?;
+        self.ext.sync_ifaces(&ifaces)?;
+        let node_ips = external::node_ips(&ifaces);
+        tracing::info!(
+            interfaces = %iface_names(&ifaces),
+            addresses = ?node_ips,
+            "node addresses changed; tc programs follow"
+        );
+        let moved = node_ips != self.node_ips;
+        self.ifaces = ifaces;
+        self.node_ips = node_ips;
+        Ok(moved)
     }
 
     fn own(&mut self, d: &DesiredService) {
@@ -343,6 +423,11 @@ impl Datapath for EbpfDatapath {
 
     fn verify(&mut self) -> Result<Vec<Drift>, DatapathError> {
         let mut out = drift::missing_links(&self.root);
+        out.extend(
+            external::missing_pins(&self.root, &self.ifaces)
+                .into_iter()
+                .map(|name| drift::missing_link(&self.root, &name)),
+        );
         self.relink |= !out.is_empty();
         let found = self.maps.read_view()?;
         // Who owns a VIP: worked out only when something differs.
@@ -367,6 +452,10 @@ impl Datapath for EbpfDatapath {
         Ok(out)
     }
 
+    fn node_addresses_changed(&mut self) -> Result<bool, DatapathError> {
+        Ok(self.follow_node_addresses()?)
+    }
+
     /// Every owned VIP of `next` against the whole view; VIPs in the maps
     /// that `next` does not have are removed.
     fn program_all(
@@ -377,7 +466,7 @@ impl Datapath for EbpfDatapath {
         if self.relink {
             self.relink()?;
         }
-        let desired = desired::desired_state(next, claims);
+        let desired = desired::desired_state(next, claims, &self.node_ips);
         let wanted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
         let mut stale: Vec<Vip> = self
             .view
@@ -412,7 +501,7 @@ impl Datapath for EbpfDatapath {
         let desired: Vec<DesiredService> = changed
             .iter()
             .filter_map(|c| c.next)
-            .flat_map(|se| desired::desired_services(se, claims))
+            .flat_map(|se| desired::desired_services(se, claims, &self.node_ips))
             .collect();
         let upserted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
         let mut changes = Vec::new();
@@ -430,6 +519,21 @@ impl Datapath for EbpfDatapath {
         }
         Ok(stats)
     }
+}
+
+/// The interfaces holding the node addresses `--nodeport-addresses`
+/// selects.
+fn node_ifaces(config: &EbpfConfig) -> Result<Vec<NodeIface>, EbpfError> {
+    let all = crate::node_addrs::list()?;
+    Ok(external::group(&crate::node_addrs::select(
+        &all,
+        &config.nodeport_addresses,
+    )))
+}
+
+fn iface_names(ifaces: &[NodeIface]) -> String {
+    let names: Vec<&str> = ifaces.iter().map(|i| i.name.as_str()).collect();
+    names.join(",")
 }
 
 /// The default pin directory's parent, mounted as bpffs when needed.

@@ -4,8 +4,8 @@ use crate::datapath::ebpf::desired::*;
 use crate::model::claims::Claims;
 use crate::model::{testing, EndpointScopes};
 use crate::model::{ObjectKey, ServiceEndpoints};
-use proxy_common::PROTO_TCP;
 use proxy_common::{Backend, ServiceKey, FAMILY_V4, FAMILY_V6};
+use proxy_common::{PROTO_TCP, SVC_FLAG_SOURCE_RANGES};
 
 fn vip(s: &str) -> Vip {
     let a: std::net::SocketAddr = s.parse().unwrap();
@@ -13,6 +13,7 @@ fn vip(s: &str) -> Vip {
         ip: a.ip(),
         port: a.port(),
         proto: PROTO_TCP,
+        scope: Scope::Socket,
     }
 }
 
@@ -21,6 +22,7 @@ fn be(s: &str) -> BackendAddr {
     BackendAddr {
         ip: a.ip(),
         port: a.port(),
+        local: false,
     }
 }
 
@@ -31,6 +33,7 @@ fn desired(v: &str, backends: &[&str], affinity: Option<u32>) -> DesiredService 
         vip: vip(v),
         owner: ObjectKey::new("default", "svc"),
         affinity_timeout: affinity,
+        source_ranges: None,
         backends,
     }
 }
@@ -486,8 +489,12 @@ fn service(
     se
 }
 
+/// Socket scope: cluster IPs use the internal scope, external IPs and node
+/// ports on the node's addresses the cluster scope (connections from the
+/// node itself). External scope (the tc programs): external IPs and node
+/// ports with the external scope (externalTrafficPolicy).
 #[test]
-fn cluster_ips_use_the_internal_scope_and_external_ips_the_cluster_scope() {
+fn each_frontend_gets_the_endpoint_scope_of_its_traffic() {
     let both = EndpointScopes {
         cluster: true,
         local: true,
@@ -499,7 +506,7 @@ fn cluster_ips_use_the_internal_scope_and_external_ips_the_cluster_scope() {
         internal: false,
         ..Default::default()
     };
-    let se = service(
+    let mut se = service(
         &["10.96.0.10", "fd00::10"],
         &["192.0.2.7"],
         &[
@@ -508,8 +515,10 @@ fn cluster_ips_use_the_internal_scope_and_external_ips_the_cluster_scope() {
             ("fd00::1", 8080, both),
         ],
     );
+    se.service.ports[0].node_port = 30080;
     let claims = Claims::of(&testing::state(vec![se.clone()]));
-    let d = desired_services(&se, &claims);
+    let node_ip: std::net::IpAddr = "192.168.1.1".parse().unwrap();
+    let d = desired_services(&se, &claims, &[node_ip]);
     let got: Vec<(String, Vec<String>, Option<u32>)> = d
         .iter()
         .map(|d| {
@@ -539,7 +548,72 @@ fn cluster_ips_use_the_internal_scope_and_external_ips_the_cluster_scope() {
                 s(&["10.0.0.1:8080", "10.0.0.2:8080"]),
                 Some(10800)
             ),
+            (
+                "192.0.2.7:80/TCP (external)".into(),
+                s(&["10.0.0.1:8080"]),
+                Some(10800)
+            ),
+            (
+                "192.168.1.1:30080/TCP".into(),
+                s(&["10.0.0.1:8080", "10.0.0.2:8080"]),
+                Some(10800)
+            ),
+            (
+                "192.168.1.1:30080/TCP (external)".into(),
+                s(&["10.0.0.1:8080"]),
+                Some(10800)
+            ),
         ]
+    );
+    assert!(d.iter().all(|d| d.source_ranges.is_none()));
+}
+
+/// loadBalancerSourceRanges restrict the external-scope LB IP of their
+/// family only; a family the ranges leave out is closed to every source.
+#[test]
+fn source_ranges_apply_to_load_balancer_ips_from_outside() {
+    let mut se = service(&["10.96.0.10"], &[], &[]);
+    se.service.load_balancer_ips = crate::model::IpSet::from_ips(
+        [
+            "203.0.113.1".parse().unwrap(),
+            "2001:db8::1".parse().unwrap(),
+        ]
+        .iter(),
+    );
+    se.service.load_balancer_source_ranges = vec!["198.51.100.0/24".into()];
+    let claims = Claims::of(&testing::state(vec![se.clone()]));
+    let d = desired_services(&se, &claims, &[]);
+    let ranges: Vec<(String, Option<Vec<String>>)> = d
+        .iter()
+        .map(|d| {
+            (
+                d.vip.to_string(),
+                d.source_ranges
+                    .as_ref()
+                    .map(|r| r.iter().map(ToString::to_string).collect()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ranges,
+        [
+            ("10.96.0.10:80/TCP".to_owned(), None),
+            ("203.0.113.1:80/TCP".to_owned(), None),
+            (
+                "203.0.113.1:80/TCP (external)".to_owned(),
+                Some(vec!["198.51.100.0/24".to_owned()])
+            ),
+            ("[2001:db8::1]:80/TCP".to_owned(), None),
+            ("[2001:db8::1]:80/TCP (external)".to_owned(), Some(vec![])),
+        ]
+    );
+    let flags: Vec<u16> = d
+        .iter()
+        .map(|d| d.flags() & SVC_FLAG_SOURCE_RANGES)
+        .collect();
+    assert_eq!(
+        flags,
+        [0, 0, SVC_FLAG_SOURCE_RANGES, 0, SVC_FLAG_SOURCE_RANGES]
     );
 }
 
@@ -549,7 +623,7 @@ fn a_vip_claimed_twice_goes_to_its_owner_only() {
     let mut b = service(&["10.96.0.20"], &["10.96.0.10"], &[]).created_at(1);
     b.service.key = ObjectKey::new("default", "zzz");
     let state = testing::state(vec![a, b]);
-    let d = desired_state(&state, &Claims::of(&state));
+    let d = desired_state(&state, &Claims::of(&state), &[]);
     let owners: Vec<(String, &str)> = d
         .iter()
         .map(|d| (d.vip.to_string(), d.owner.name.as_str()))
@@ -558,7 +632,8 @@ fn a_vip_claimed_twice_goes_to_its_owner_only() {
         owners,
         [
             ("10.96.0.20:80/TCP".to_owned(), "zzz"),
-            ("10.96.0.10:80/TCP".to_owned(), "zzz")
+            ("10.96.0.10:80/TCP".to_owned(), "zzz"),
+            ("10.96.0.10:80/TCP (external)".to_owned(), "zzz")
         ]
     );
 }

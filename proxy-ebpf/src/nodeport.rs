@@ -1,0 +1,632 @@
+//! tc (TCX) programs for node-external traffic: node ports on the node's
+//! addresses, external IPs and load-balancer IPs, for packets that arrive
+//! on a node interface (socket-LB only sees sockets on the node).
+//!
+//! * `ekp_tc_ingress`, on every interface holding a node address:
+//!   - a packet of a known flow (`EKP_CT`, by its 5-tuple as it arrives)
+//!     is rewritten to the tuple recorded for it;
+//!   - the first packet to a frontend (`EKP_SERVICES` entries of scope
+//!     external, whose backends already follow externalTrafficPolicy)
+//!     passes the loadBalancerSourceRanges check, picks a backend (ClientIP
+//!     affinity first), records both directions in `EKP_CT` and is
+//!     rewritten: DNAT only for a backend on this node (the stack forwards
+//!     it, the reply leaves through `ekp_tc_egress`), DNAT plus SNAT to the
+//!     node's address towards a remote backend, forwarded by FIB lookup and
+//!     redirect, as is the reply (the stack would drop a packet carrying
+//!     its own address as source as a martian).
+//! * `ekp_tc_egress`: replies of local backends leaving the node get the
+//!   frontend's address and port back.
+//!
+//! Anything else is passed on untouched (`TCX_NEXT`, so later programs on
+//! the hook still run). Fragments and IPv6 extension headers are passed on
+//! too; SCTP is not translated here (its CRC32c covers the ports and
+//! cannot be patched incrementally). Checksums are patched incrementally.
+
+use aya_ebpf::{
+    bindings::{
+        bpf_fib_lookup as FibParams, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
+        BPF_FIB_LOOKUP_SKIP_NEIGH, BPF_F_MARK_MANGLED_0, BPF_F_NO_PREALLOC, BPF_F_PSEUDO_HDR,
+        BPF_F_RECOMPUTE_CSUM, TC_ACT_SHOT,
+    },
+    helpers::generated::{
+        bpf_csum_diff, bpf_fib_lookup, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_redirect_neigh,
+    },
+    macros::{classifier, map},
+    maps::{lpm_trie::Key, HashMap, LpmTrie, LruHashMap},
+    programs::TcContext,
+};
+use proxy_common::{
+    AffinityValue, Backend, CtKey, CtValue, ExtAffinityKey, IfaceValue, ServiceKey, ServiceValue,
+    SrcRangeKey,
+    BACKEND_F_LOCAL, CT_F_CLOSING, CT_F_ORIGINAL, CT_F_REDIRECT, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP,
+    CT_TIMEOUT_TCP_CLOSING, FAMILY_V4, FAMILY_V6, MAX_AFFINITY, MAX_CT, MAX_IFACES,
+    MAX_SRC_RANGES, PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SRC_RANGE_FRONTEND_BITS,
+    STAT_EXT_NO_BACKEND, STAT_EXT_SOURCE_DENIED, STAT_EXT_TRANSLATED, STAT_EXT_UNROUTABLE,
+    SVC_FLAG_AFFINITY, SVC_FLAG_SOURCE_RANGES,
+};
+
+use crate::{count, random_slot, EKP_BACKENDS, EKP_SERVICES, NSEC_PER_SEC};
+
+#[map]
+static EKP_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(MAX_CT, 0);
+
+#[map]
+static EKP_IFACES: HashMap<u32, IfaceValue> = HashMap::pinned(MAX_IFACES, 0);
+
+#[map]
+static EKP_SRC_RANGES: LpmTrie<SrcRangeKey, u8> =
+    LpmTrie::pinned(MAX_SRC_RANGES, BPF_F_NO_PREALLOC);
+
+#[map]
+static EKP_EXT_AFFINITY: LruHashMap<ExtAffinityKey, AffinityValue> =
+    LruHashMap::pinned(MAX_AFFINITY, 0);
+
+/// TCX verdict: continue with the next program on the hook (the packet is
+/// passed on when there is none).
+const TCX_NEXT: i32 = -1;
+const DROP: i32 = TC_ACT_SHOT as i32;
+
+const ETH_HLEN: usize = 14;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+const IPV4_CSUM: usize = ETH_HLEN + 10;
+const IPV4_SADDR: usize = ETH_HLEN + 12;
+const IPV4_DADDR: usize = ETH_HLEN + 16;
+const IPV6_SADDR: usize = ETH_HLEN + 8;
+const IPV6_DADDR: usize = ETH_HLEN + 24;
+const IPV6_HLEN: usize = 40;
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+const TCP_FIN: u8 = 0x01;
+const TCP_RST: u8 = 0x04;
+/// Bytes of the `bpf_fib_lookup` parameters the kernel reads.
+const FIB_PARAMS_LEN: i32 = core::mem::size_of::<FibParams>() as i32;
+/// How many source ports SNAT tries before it gives up on a flow.
+const SNAT_PORT_TRIES: u32 = 8;
+/// SNAT ports tried after the client's own: 32768..=65535.
+const SNAT_PORT_BASE: u32 = 32768;
+/// A conntrack entry's last-seen time is written at most this often.
+const CT_REFRESH_NS: u64 = NSEC_PER_SEC;
+
+/// A packet's addresses and ports as found on the wire (network order).
+#[derive(Clone, Copy)]
+struct Pkt {
+    family: u8,
+    proto: u8,
+    /// Offset of the L4 header.
+    l4: usize,
+    saddr: [u32; 4],
+    daddr: [u32; 4],
+    sport: u16,
+    dport: u16,
+    tcp_flags: u8,
+}
+
+/// What a packet is rewritten to.
+#[derive(Clone, Copy)]
+struct Tuple {
+    saddr: [u32; 4],
+    daddr: [u32; 4],
+    sport: u16,
+    dport: u16,
+}
+
+/// Out of line, so that its temporaries do not stay in the program's own
+/// frame, at the top of every call chain.
+#[inline(never)]
+fn parse(ctx: &TcContext) -> Option<Pkt> {
+    let eth_proto = u16::from_be(ctx.load::<u16>(12).ok()?);
+    let (family, proto, l4, saddr, daddr) = if eth_proto == ETH_P_IP {
+        let vihl: u8 = ctx.load(ETH_HLEN).ok()?;
+        let ihl = ((vihl & 0x0f) as usize) * 4;
+        if vihl >> 4 != 4 || ihl < 20 {
+            return None;
+        }
+        // More-fragments or a fragment offset: not translated.
+        let frag = u16::from_be(ctx.load::<u16>(ETH_HLEN + 6).ok()?);
+        if frag & 0x3fff != 0 {
+            return None;
+        }
+        let proto: u8 = ctx.load(ETH_HLEN + 9).ok()?;
+        let s: u32 = ctx.load(IPV4_SADDR).ok()?;
+        let d: u32 = ctx.load(IPV4_DADDR).ok()?;
+        (FAMILY_V4, proto, ETH_HLEN + ihl, [s, 0, 0, 0], [d, 0, 0, 0])
+    } else if eth_proto == ETH_P_IPV6 {
+        let proto: u8 = ctx.load(ETH_HLEN + 6).ok()?;
+        let s: [u32; 4] = ctx.load(IPV6_SADDR).ok()?;
+        let d: [u32; 4] = ctx.load(IPV6_DADDR).ok()?;
+        (FAMILY_V6, proto, ETH_HLEN + IPV6_HLEN, s, d)
+    } else {
+        return None;
+    };
+    if proto != PROTO_TCP && proto != PROTO_UDP {
+        return None;
+    }
+    let ports: [u16; 2] = ctx.load(l4).ok()?;
+    let tcp_flags = if proto == PROTO_TCP {
+        ctx.load::<u8>(l4 + 13).ok()?
+    } else {
+        0
+    };
+    Some(Pkt {
+        family,
+        proto,
+        l4,
+        saddr,
+        daddr,
+        sport: ports[0],
+        dport: ports[1],
+        tcp_flags,
+    })
+}
+
+#[inline(always)]
+fn now_ns() -> u64 {
+    // SAFETY: helper without arguments.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+#[inline(always)]
+fn same_addr(a: &[u32; 4], b: &[u32; 4]) -> bool {
+    a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3]
+}
+
+/// Rewrites one address (at `off`) and patches the checksums.
+#[inline(always)]
+fn set_addr(ctx: &TcContext, p: &Pkt, off: usize, old: &[u32; 4], new: &[u32; 4]) -> Option<()> {
+    if same_addr(old, new) {
+        return Some(());
+    }
+    let l4_csum = l4_csum_offset(p);
+    if p.family == FAMILY_V4 {
+        let (o, n) = (old[0] as u64, new[0] as u64);
+        let mangled = if p.proto == PROTO_UDP {
+            BPF_F_MARK_MANGLED_0 as u64
+        } else {
+            0
+        };
+        ctx.l4_csum_replace(l4_csum, o, n, BPF_F_PSEUDO_HDR as u64 | mangled | 4)
+            .ok()?;
+        ctx.l3_csum_replace(IPV4_CSUM, o, n, 4).ok()?;
+        ctx.store(off, &new[0], 0).ok()?;
+    } else {
+        let mut from = *old;
+        let mut to = *new;
+        // SAFETY: both buffers are 16-byte arrays on this stack frame.
+        let diff = unsafe {
+            bpf_csum_diff(
+                from.as_mut_ptr(),
+                16,
+                to.as_mut_ptr(),
+                16,
+                0,
+            )
+        };
+        if diff < 0 {
+            return None;
+        }
+        ctx.l4_csum_replace(l4_csum, 0, diff as u64, BPF_F_PSEUDO_HDR as u64)
+            .ok()?;
+        // IPv6 has no header checksum: the stored bytes themselves change
+        // the packet's sum, so a CHECKSUM_COMPLETE skb needs it recomputed.
+        ctx.store(off, new, BPF_F_RECOMPUTE_CSUM as u64).ok()?;
+    }
+    Some(())
+}
+
+#[inline(always)]
+fn l4_csum_offset(p: &Pkt) -> usize {
+    if p.proto == PROTO_TCP {
+        p.l4 + 16
+    } else {
+        p.l4 + 6
+    }
+}
+
+/// Rewrites a port (at `off` in the L4 header) and patches the checksum.
+#[inline(always)]
+fn set_port(ctx: &TcContext, p: &Pkt, off: usize, old: u16, new: u16) -> Option<()> {
+    if old == new {
+        return Some(());
+    }
+    let mangled = if p.proto == PROTO_UDP && p.family == FAMILY_V4 {
+        BPF_F_MARK_MANGLED_0 as u64
+    } else {
+        0
+    };
+    ctx.l4_csum_replace(l4_csum_offset(p), old as u64, new as u64, mangled | 2)
+        .ok()?;
+    ctx.store(p.l4 + off, &new, 0).ok()
+}
+
+/// Rewrites the packet's addresses and ports to `t`.
+#[inline(always)]
+fn rewrite(ctx: &TcContext, p: &Pkt, t: &Tuple) -> Option<()> {
+    let (s_off, d_off) = if p.family == FAMILY_V4 {
+        (IPV4_SADDR, IPV4_DADDR)
+    } else {
+        (IPV6_SADDR, IPV6_DADDR)
+    };
+    set_addr(ctx, p, s_off, &p.saddr, &t.saddr)?;
+    set_addr(ctx, p, d_off, &p.daddr, &t.daddr)?;
+    set_port(ctx, p, 0, p.sport, t.sport)?;
+    set_port(ctx, p, 2, p.dport, t.dport)
+}
+
+/// FIB lookup towards `dst`: the egress interface, or 0 without a route. Out of line (here and below): the verifier allows 512 bytes of
+/// stack for the whole call chain, and each BPF-to-BPF call gets its own
+/// frame, so the phases of a new flow do not pile up in one frame.
+#[inline(never)]
+fn route(ctx: &TcContext, p: &Pkt, src: &[u32; 4], dst: &[u32; 4]) -> u32 {
+    let (family, proto) = (p.family, p.proto);
+    // SAFETY: an all-zero bpf_fib_lookup is a valid input (plain integers).
+    let mut params: FibParams = unsafe { core::mem::zeroed() };
+    params.family = if family == FAMILY_V4 { AF_INET } else { AF_INET6 };
+    params.l4_protocol = proto;
+    // SAFETY: the context is a valid __sk_buff for the program's lifetime.
+    params.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    if family == FAMILY_V4 {
+        params.__bindgen_anon_3.ipv4_src = src[0];
+        params.__bindgen_anon_4.ipv4_dst = dst[0];
+    } else {
+        params.__bindgen_anon_3.ipv6_src = *src;
+        params.__bindgen_anon_4.ipv6_dst = *dst;
+    }
+    // SAFETY: params is a stack buffer of the size passed.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb as *mut _,
+            &mut params,
+            FIB_PARAMS_LEN,
+            BPF_FIB_LOOKUP_SKIP_NEIGH,
+        )
+    };
+    if rc == BPF_FIB_LKUP_RET_SUCCESS as i64 || rc == BPF_FIB_LKUP_RET_NO_NEIGH as i64 {
+        params.ifindex
+    } else {
+        0
+    }
+}
+
+/// Sends a rewritten packet out of the interface its destination routes
+/// through, resolving the neighbour there.
+#[inline(always)]
+fn forward(ctx: &TcContext, p: &Pkt, t: &Tuple) -> i32 {
+    let ifindex = route(ctx, p, &t.saddr, &t.daddr);
+    if ifindex == 0 {
+        count(STAT_EXT_UNROUTABLE);
+        return DROP;
+    }
+    // SAFETY: no neighbour parameters: the kernel resolves the next hop.
+    unsafe { bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) as i32 }
+}
+
+/// Rewrites a packet to `t`; forwards it itself with `CT_F_REDIRECT` in
+/// `flags`.
+#[inline(never)]
+fn translate(ctx: &TcContext, p: &Pkt, t: &Tuple, flags: u8) -> i32 {
+    if rewrite(ctx, p, t).is_none() {
+        count(STAT_EXT_UNROUTABLE);
+        return DROP;
+    }
+    count(STAT_EXT_TRANSLATED);
+    if flags & CT_F_REDIRECT != 0 {
+        return forward(ctx, p, t);
+    }
+    TCX_NEXT
+}
+
+/// A packet of a tracked flow: translated as its entry says. `None` when
+/// the flow is not tracked (or its entry has expired).
+#[inline(never)]
+fn known_flow(ctx: &TcContext, p: &Pkt, now: u64, egress: bool) -> Option<i32> {
+    let v = ct_lookup(p, now)?;
+    let t = Tuple {
+        saddr: v.saddr,
+        daddr: v.daddr,
+        sport: v.sport,
+        dport: v.dport,
+    };
+    let forwarded = v.flags & (CT_F_ORIGINAL | CT_F_REDIRECT) != 0;
+    // Ingress: the client's direction, and replies of remote backends
+    // (behind SNAT). Replies of local backends are translated on their way
+    // out (egress): on ingress of a pod-facing interface the stack would
+    // drop them, with the node's address as source.
+    if forwarded == egress {
+        return Some(TCX_NEXT);
+    }
+    Some(translate(ctx, p, &t, v.flags))
+}
+
+#[inline(always)]
+fn ct_key(p: &Pkt) -> CtKey {
+    CtKey {
+        saddr: p.saddr,
+        daddr: p.daddr,
+        sport: p.sport,
+        dport: p.dport,
+        proto: p.proto,
+        family: p.family,
+        _pad: 0,
+    }
+}
+
+/// The live conntrack entry of a packet, refreshed; `None` when there is
+/// none or it has been idle longer than its timeout.
+#[inline(always)]
+fn ct_lookup(p: &Pkt, now: u64) -> Option<CtValue> {
+    let ptr = EKP_CT.get_ptr_mut(ct_key(p))?;
+    // SAFETY: a pointer into an LRU map value; the entry may be updated
+    // concurrently by another CPU, which at worst loses a refresh.
+    let v = unsafe { &mut *ptr };
+    let timeout = if p.proto != PROTO_TCP {
+        CT_TIMEOUT_OTHER
+    } else if v.flags & CT_F_CLOSING != 0 {
+        CT_TIMEOUT_TCP_CLOSING
+    } else {
+        CT_TIMEOUT_TCP
+    };
+    let idle = now.wrapping_sub(v.last_seen_ns);
+    if idle > timeout as u64 * NSEC_PER_SEC {
+        return None;
+    }
+    if idle > CT_REFRESH_NS {
+        v.last_seen_ns = now;
+    }
+    if p.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+        v.flags |= CT_F_CLOSING;
+    }
+    Some(*v)
+}
+
+/// loadBalancerSourceRanges: whether the client may reach the frontend.
+#[inline(always)]
+fn source_allowed(p: &Pkt) -> bool {
+    let key = Key::new(
+        SRC_RANGE_FRONTEND_BITS + 128,
+        SrcRangeKey {
+            addr: p.daddr,
+            port: p.dport,
+            proto: p.proto,
+            family: p.family,
+            src: p.saddr,
+        },
+    );
+    EKP_SRC_RANGES.get(key).is_some()
+}
+
+/// The backend of a new flow: the client's ClientIP-affinity backend if it
+/// is still live, else a random slot.
+#[inline(never)]
+fn pick(p: &Pkt, key: &ServiceKey, hdr: &ServiceValue, now: u64) -> Option<(u32, Backend)> {
+    let (count_, flags, timeout_s, service_id) =
+        (hdr.count, hdr.flags, hdr.affinity_timeout, hdr.service_id);
+    // Checked by the caller too, but this function is out of line: without
+    // it the modulo below would keep a panic path the verifier rejects.
+    if count_ == 0 {
+        return None;
+    }
+    let akey = ExtAffinityKey {
+        client: p.saddr,
+        service_id,
+        family: p.family,
+        _pad: [0; 3],
+    };
+    let affinity = flags & SVC_FLAG_AFFINITY != 0;
+    if affinity {
+        // SAFETY: the value is copied out at once.
+        if let Some(v) = unsafe { EKP_EXT_AFFINITY.get(&akey) } {
+            let (id, last) = (v.backend_id, v.last_used_ns);
+            if now.wrapping_sub(last) <= timeout_s as u64 * NSEC_PER_SEC {
+                // SAFETY: the value is copied out at once.
+                if let Some(be) = unsafe { EKP_BACKENDS.get(&id) } {
+                    return Some((id, *be));
+                }
+            }
+        }
+    }
+    let id = random_slot(key, count_)?;
+    // SAFETY: the value is copied out at once.
+    let be = *unsafe { EKP_BACKENDS.get(&id) }?;
+    if affinity {
+        let value = AffinityValue {
+            backend_id: id,
+            _pad: 0,
+            last_used_ns: now,
+        };
+        let _ = EKP_EXT_AFFINITY.insert(&akey, &value, 0);
+    }
+    Some((id, be))
+}
+
+/// The node's address on `ifindex` of `family`, if it has one.
+#[inline(always)]
+fn iface_addr(ifindex: u32, family: u8) -> Option<[u32; 4]> {
+    // SAFETY: the value is copied out at once.
+    let v = unsafe { EKP_IFACES.get(&ifindex) }?;
+    if family == FAMILY_V4 {
+        (v.v4 != 0).then_some([v.v4, 0, 0, 0])
+    } else {
+        (v.v6[0] | v.v6[1] | v.v6[2] | v.v6[3] != 0).then_some(v.v6)
+    }
+}
+
+/// A source port for SNAT to `snat` whose reply tuple is not taken by
+/// another flow: the client's own port first.
+#[inline(never)]
+fn snat_port(p: &Pkt, be: &Backend, snat: &[u32; 4]) -> Option<u16> {
+    // SAFETY: helper without arguments.
+    let seed = unsafe { bpf_get_prandom_u32() };
+    let mut port = p.sport;
+    for i in 0..SNAT_PORT_TRIES {
+        let reply = CtKey {
+            saddr: be.addr,
+            daddr: *snat,
+            sport: be.port,
+            dport: port,
+            proto: p.proto,
+            family: p.family,
+            _pad: 0,
+        };
+        if EKP_CT.get_ptr(reply).is_none() {
+            return Some(port);
+        }
+        let host = SNAT_PORT_BASE + (seed.wrapping_add(i * 7919) % (65536 - SNAT_PORT_BASE));
+        port = (host as u16).to_be();
+    }
+    None
+}
+
+/// A new flow as picked: where its packets go and as whom.
+struct Flow {
+    backend: [u32; 4],
+    /// The client, or the node's address with SNAT.
+    src: [u32; 4],
+    backend_port: u16,
+    sport: u16,
+    /// `CT_F_REDIRECT` with SNAT, else 0.
+    redirect: u8,
+    backend_id: u32,
+    service_id: u32,
+    now: u64,
+}
+
+/// Records both directions of a new flow in `EKP_CT`, the reply first
+/// (a reply must never find its flow missing).
+#[inline(never)]
+fn record(p: &Pkt, f: &Flow) -> bool {
+    // One key and one value, rewritten in place between the two inserts:
+    // this frame sits at the bottom of the deepest call chain.
+    let mut key = CtKey {
+        saddr: f.backend,
+        daddr: f.src,
+        sport: f.backend_port,
+        dport: f.sport,
+        proto: p.proto,
+        family: p.family,
+        _pad: 0,
+    };
+    let mut value = CtValue {
+        saddr: p.daddr,
+        daddr: p.saddr,
+        sport: p.dport,
+        dport: p.sport,
+        flags: f.redirect,
+        _pad: [0; 3],
+        last_seen_ns: f.now,
+        backend_id: 0,
+        service_id: f.service_id,
+    };
+    if EKP_CT.insert(&key, &value, 0).is_err() {
+        return false;
+    }
+    key.saddr = p.saddr;
+    key.daddr = p.daddr;
+    key.sport = p.sport;
+    key.dport = p.dport;
+    value.saddr = f.src;
+    value.daddr = f.backend;
+    value.sport = f.sport;
+    value.dport = f.backend_port;
+    value.flags = f.redirect | CT_F_ORIGINAL;
+    value.backend_id = f.backend_id;
+    EKP_CT.insert(&key, &value, 0).is_ok()
+}
+
+/// The first packet of a flow to a frontend: pick, record, translate.
+#[inline(never)]
+fn new_flow(ctx: &TcContext, p: &Pkt, now: u64) -> i32 {
+    let key = ServiceKey {
+        addr: p.daddr,
+        port: p.dport,
+        proto: p.proto,
+        family: p.family,
+        slot: 0,
+        scope: SCOPE_EXTERNAL,
+        _pad: 0,
+    };
+    // SAFETY: the value is copied out at once.
+    let Some(hdr) = (unsafe { EKP_SERVICES.get(&key) }).copied() else {
+        return TCX_NEXT; // not a frontend: the common case, one lookup
+    };
+    let (n, flags, service_id) = (hdr.count, hdr.flags, hdr.service_id);
+    if n == 0 {
+        count(STAT_EXT_NO_BACKEND);
+        return DROP;
+    }
+    if flags & SVC_FLAG_SOURCE_RANGES != 0 && !source_allowed(p) {
+        count(STAT_EXT_SOURCE_DENIED);
+        return DROP;
+    }
+    let Some((backend_id, be)) = pick(p, &key, &hdr, now) else {
+        count(STAT_EXT_NO_BACKEND);
+        return DROP;
+    };
+    if be.family != p.family {
+        count(STAT_EXT_UNROUTABLE);
+        return DROP;
+    }
+
+    let (src, sport, redirect) = if be.flags & BACKEND_F_LOCAL != 0 {
+        (p.saddr, p.sport, 0)
+    } else {
+        // SAFETY: the context is a valid __sk_buff.
+        let in_if = unsafe { (*ctx.skb.skb).ifindex };
+        let out_if = route(ctx, p, &p.saddr, &be.addr);
+        let snat = match iface_addr(out_if, p.family) {
+            Some(a) => Some(a),
+            None => iface_addr(in_if, p.family),
+        };
+        let Some(snat) = snat else {
+            count(STAT_EXT_UNROUTABLE);
+            return DROP;
+        };
+        let Some(port) = snat_port(p, &be, &snat) else {
+            count(STAT_EXT_UNROUTABLE);
+            return DROP;
+        };
+        (snat, port, CT_F_REDIRECT)
+    };
+
+    let flow = Flow {
+        backend: be.addr,
+        src,
+        backend_port: be.port,
+        sport,
+        redirect,
+        backend_id,
+        service_id,
+        now,
+    };
+    if !record(p, &flow) {
+        count(STAT_EXT_UNROUTABLE);
+        return DROP;
+    }
+    let t = Tuple {
+        saddr: src,
+        daddr: be.addr,
+        sport,
+        dport: be.port,
+    };
+    translate(ctx, p, &t, redirect)
+}
+
+#[classifier]
+pub fn ekp_tc_ingress(ctx: TcContext) -> i32 {
+    let Some(p) = parse(&ctx) else {
+        return TCX_NEXT;
+    };
+    let now = now_ns();
+    match known_flow(&ctx, &p, now, false) {
+        Some(verdict) => verdict,
+        None => new_flow(&ctx, &p, now),
+    }
+}
+
+#[classifier]
+pub fn ekp_tc_egress(ctx: TcContext) -> i32 {
+    let Some(p) = parse(&ctx) else {
+        return TCX_NEXT;
+    };
+    known_flow(&ctx, &p, now_ns(), true).unwrap_or(TCX_NEXT)
+}
