@@ -19,7 +19,7 @@ pub(super) fn nodeport_outside(bed: &mut Bed) -> Result<()> {
     };
     bed.apply_manifests(&docs(&[
         svc.yaml(),
-        slice_yaml(bed, &svc, false, &three_pods()),
+        slice_yaml(bed, &svc, false, &three_pods_on_node1()),
     ]))?;
     let target = format!("{}:30080", crate::e2e::bed::NODE_EXTERNAL_IP);
     let outside = bed.outside_netns.clone();
@@ -66,10 +66,13 @@ pub(super) fn nodeport_addresses(bed: &mut Bed) -> Result<()> {
             bed.stop_daemon()?;
         }
         bed.daemon_args = vec!["--nodeport-addresses".into(), cidr.into()];
-        let mut manifests = vec![service.clone(), slice_yaml(bed, &svc, false, &three_pods())];
+        let mut manifests = vec![
+            service.clone(),
+            slice_yaml(bed, &svc, false, &three_pods_on_node1()),
+        ];
         if with_marker {
             manifests.push(service_yaml(&marker));
-            manifests.push(slice_yaml(bed, &marker, false, &three_pods()));
+            manifests.push(slice_yaml(bed, &marker, false, &three_pods_on_node1()));
         }
         bed.apply_manifests(&docs(&manifests))?;
         bed.start_daemon()
@@ -124,7 +127,7 @@ pub(super) fn ipv6_nodeport_outside(bed: &mut Bed) -> Result<()> {
     };
     bed.apply_manifests(&docs(&[
         svc.yaml(),
-        slice_yaml(bed, &svc, true, &three_pods()),
+        slice_yaml(bed, &svc, true, &three_pods_on_node1()),
     ]))?;
     let target = format!("[{}]:30130", crate::e2e::bed::NODE_EXTERNAL_IPV6);
     let outside = bed.outside_netns.clone();
@@ -174,7 +177,7 @@ pub(super) fn external_and_lb_ips(bed: &mut Bed) -> Result<()> {
     let lb = load_balancer("lb", "10.96.0.100", &addresses.0, &addresses.1);
     bed.apply_manifests(&docs(&[
         lb.yaml(),
-        slice_yaml(bed, &lb, false, &three_pods()),
+        slice_yaml(bed, &lb, false, &three_pods_on_node1()),
     ]))?;
     let outside = bed.outside_netns.clone();
     for ip in [external_ip, lb_ip] {
@@ -209,7 +212,7 @@ pub(super) fn lb_source_ranges(bed: &mut Bed) -> Result<()> {
                 ..fw
             }
             .yaml(),
-            slice_yaml(bed, &fw, false, &three_pods()),
+            slice_yaml(bed, &fw, false, &three_pods_on_node1()),
         ])
     };
     // The outside client is in OUTSIDE_SUBNET, behind the router.

@@ -47,6 +47,16 @@ pub(super) const fn svc<'a>(name: &'a str, cluster_ip: &'a str) -> Svc<'a> {
 
 pub(super) const WEB: Svc = svc("web", "10.96.0.10");
 
+/// The three pods of node 1, only the first labelled as on node 1: for
+/// scenarios about which endpoints are local (topology, eTP/iTP Local).
 pub(super) fn three_pods() -> [(usize, &'static str); 3] {
     [(0, "node-1"), (1, "node-2"), (2, "node-3")]
+}
+
+/// The three pods labelled as on node 1, where they are: for traffic from
+/// outside with eTP=Cluster, which a datapath forwards to an endpoint on
+/// another node differently (SNAT towards that node), so the labels must
+/// match where the packets really go.
+pub(super) fn three_pods_on_node1() -> [(usize, &'static str); 3] {
+    [(0, "node-1"), (1, "node-1"), (2, "node-1")]
 }
