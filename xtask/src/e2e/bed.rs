@@ -55,8 +55,9 @@ pub const NODE_EXTERNAL_IPV6: &str = NODE1.ipv6;
 /// The outside client's addresses, behind the router.
 pub const OUTSIDE_IP: &str = "192.168.200.2";
 pub const OUTSIDE_IPV6: &str = "fd00:192:168:200::2";
-/// The outside client's subnet (for source ranges).
+/// The outside client's subnets (for source ranges).
 pub const OUTSIDE_SUBNET: &str = "192.168.200.0/24";
+pub const OUTSIDE_SUBNET_V6: &str = "fd00:192:168:200::/64";
 const ROUTER_CLIENT_IP: &str = "192.168.200.254";
 const ROUTER_CLIENT_IPV6: &str = "fd00:192:168:200::fe";
 /// Routed to node 1 by the router: where external and load-balancer IPs

@@ -103,6 +103,10 @@ pub fn all() -> Vec<Scenario> {
             run: lb_source_ranges,
         },
         Scenario {
+            name: "load-balancer-source-ranges-ipv6-tcp-and-udp",
+            run: lb_source_ranges_ipv6_udp,
+        },
+        Scenario {
             name: "external-traffic-policy-local-nodeport",
             run: etp_local_nodeport,
         },

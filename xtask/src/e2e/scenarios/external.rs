@@ -255,6 +255,65 @@ pub(super) fn lb_source_ranges(bed: &mut Bed) -> Result<()> {
         .with_context(|| format!("{lb_target} from a source inside the ranges"))
 }
 
+/// loadBalancerSourceRanges on an IPv6 load-balancer IP, TCP and UDP: the
+/// outside client (outside the ranges) is dropped on both protocols while
+/// the external IP serves it; once its subnet is in the ranges, both
+/// protocols are served.
+pub(super) fn lb_source_ranges_ipv6_udp(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    let (external_ip, lb_ip) = ("fd00:203::61", "fd00:203::60");
+    let addresses = ([external_ip], [lb_ip]);
+    let fw = load_balancer("fw6", "fd00:96::111", &addresses.0, &addresses.1);
+    let manifests = |ranges: &str| {
+        let ranges = format!("loadBalancerSourceRanges: [{ranges}]");
+        let svc = Svc {
+            ports: TCP_AND_UDP,
+            spec: &["ipFamilies: [IPv6]", &ranges],
+            ..fw
+        };
+        docs(&[
+            svc.yaml(),
+            slice_yaml(bed, &svc, true, &three_pods_on_node1()),
+        ])
+    };
+    bed.apply_manifests(&manifests("\"fd00:198:51:100::/64\""))?;
+    let outside = bed.outside_netns.clone();
+    for proto in ["tcp", "udp"] {
+        let port = if proto == "tcp" { 80 } else { 53 };
+        wait_until_served_from(
+            bed,
+            Some(&outside),
+            proto,
+            &two_node::at(external_ip, port),
+            Duration::from_secs(5),
+            DROP_TIMEOUT,
+        )?;
+        let target = two_node::at(lb_ip, port);
+        let r = request_from(bed, Some(&outside), proto, &target, 2, DROP_TIMEOUT)?;
+        assert_dropped(&r, &format!("{target}/{proto} from outside the ranges"))?;
+    }
+    bed.apply_manifests(&manifests(&format!(
+        "\"fd00:198:51:100::/64\", \"{}\"",
+        crate::e2e::bed::OUTSIDE_SUBNET_V6
+    )))?;
+    for proto in ["tcp", "udp"] {
+        let target = two_node::at(lb_ip, if proto == "tcp" { 80 } else { 53 });
+        wait_until_served_from(
+            bed,
+            Some(&outside),
+            proto,
+            &target,
+            Duration::from_secs(2),
+            DROP_TIMEOUT,
+        )
+        .context("after adding the client's range")?;
+        let r = request_from(bed, Some(&outside), proto, &target, 30, CLIENT_TIMEOUT)?;
+        assert_spread(&r, 30, &["pod1", "pod2", "pod3"], 0.0)
+            .with_context(|| format!("{target}/{proto} from a source inside the ranges"))?;
+    }
+    Ok(())
+}
+
 /// externalTrafficPolicy: Local on a node port: traffic from outside only
 /// reaches the endpoint on this node (node-1, the daemon's
 /// --hostname-override), and is dropped once no endpoint is local.

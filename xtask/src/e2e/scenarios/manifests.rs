@@ -2,8 +2,8 @@
 //! `test_support::manifests`) and EndpointSlices of the bed's pods.
 
 use anyhow::Result;
-use test_support::manifests::Endpoint;
 pub(super) use test_support::manifests::{docs, Svc};
+use test_support::manifests::{Endpoint, PortSpec};
 
 use super::Bed;
 
@@ -44,6 +44,9 @@ pub(super) fn apply_service(
 pub(super) const fn svc<'a>(name: &'a str, cluster_ip: &'a str) -> Svc<'a> {
     Svc::new("e2e", name, cluster_ip)
 }
+
+/// TCP 80 → 8080 and UDP 53 → 5353 (both served by every netexec).
+pub(super) const TCP_AND_UDP: &[PortSpec] = &[("http", "TCP", 80, 8080), ("dns", "UDP", 53, 5353)];
 
 pub(super) const WEB: Svc = svc("web", "10.96.0.10");
 

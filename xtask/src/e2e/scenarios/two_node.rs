@@ -10,13 +10,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use test_support::manifests::{Endpoint, PortSpec};
+use test_support::manifests::Endpoint;
 
 use super::*;
 use crate::e2e::bed::{self, Pod, NODE1, NODE2, OUTSIDE_IP, OUTSIDE_IPV6};
-
-/// TCP 80 → 8080 and UDP 53 → 5353 (both served by every netexec).
-const TCP_AND_UDP: &[PortSpec] = &[("http", "TCP", 80, 8080), ("dns", "UDP", 53, 5353)];
 
 const READY: &str = "{ready: true}";
 const TERMINATING: &str = "{ready: false, serving: true, terminating: true}";
@@ -42,7 +39,7 @@ fn two_nodes(bed: &mut Bed) -> Result<(Pod, Pod)> {
 }
 
 /// `ip:port`, bracketed for IPv6.
-fn at(ip: &str, port: u16) -> String {
+pub(super) fn at(ip: &str, port: u16) -> String {
     if ip.contains(':') {
         format!("[{ip}]:{port}")
     } else {
