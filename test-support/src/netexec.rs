@@ -1,12 +1,16 @@
 //! A netexec-like echo server for test pods and the matching client.
 //!
-//! Server: answers every TCP connection (after reading one line) and every
-//! UDP datagram with `<pod name> <local port> <client address>\n`, on any
-//! number of ports, IPv4 and IPv6.
+//! Server: answers every line on a TCP connection and every UDP datagram
+//! with `<pod name> <local port> <client address>\n`, on any number of
+//! ports, IPv4 and IPv6. The client address is the peer the pod's kernel
+//! reports, so a test sees whether the datapath kept the client's source
+//! address or replaced it with a node's.
 //!
 //! Client: sends `count` requests (or runs for a duration) to one target and
-//! prints one line per request: `ok <pod> port=<n> peer=<addr> ms=<n>` or
-//! `err <reason> ms=<n>`, so the scenario sees exactly what a user would.
+//! prints one line per request: `ok <pod> port=<n> peer=<addr> seen=<ip>
+//! ms=<n>` (`peer`: the address the client's socket reports as its peer;
+//! `seen`: the source address the pod saw) or `err <reason> ms=<n>`, so the
+//! scenario sees exactly what a user would.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -71,12 +75,22 @@ fn answer_tcp(conn: TcpStream, name: &str, port: u16) {
         Ok(p) => canonical(p),
         Err(_) => return,
     };
-    let mut line = String::new();
     let mut reader = BufReader::new(&conn);
-    if reader.read_line(&mut line).is_err() {
-        return;
+    // One answer per line, until the client closes: a long-lived client
+    // (`--hold`) keeps one connection, and one flow, for all its requests.
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if (&conn)
+            .write_all(format!("{name} {port} {peer}\n").as_bytes())
+            .is_err()
+        {
+            return;
+        }
     }
-    let _ = (&conn).write_all(format!("{name} {port} {peer}\n").as_bytes());
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -86,9 +100,12 @@ enum Proto {
 }
 
 /// `client --proto tcp|udp --target ADDR:PORT [--count N] [--duration-ms D]
-///  [--interval-ms I] [--timeout-ms T] [--reuse]`
+///  [--interval-ms I] [--timeout-ms T] [--reuse] [--connect] [--hold]`
 ///
-/// `--reuse` keeps one UDP socket for all requests (a long-lived client).
+/// `--reuse` keeps one UDP socket for all requests (a long-lived client);
+/// `--connect` connect()s each UDP socket to the target and uses send/recv
+/// (a connected client, such as a resolver); `--hold` keeps one TCP
+/// connection for all requests, opening a new one only after an error.
 pub fn client(args: &[String]) -> Result<()> {
     let mut proto = Proto::Tcp;
     let mut target: Option<SocketAddr> = None;
@@ -97,6 +114,8 @@ pub fn client(args: &[String]) -> Result<()> {
     let mut interval = Duration::ZERO;
     let mut timeout = Duration::from_millis(1000);
     let mut reuse = false;
+    let mut connect = false;
+    let mut hold = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = || it.next().cloned().context("flag needs a value");
@@ -114,12 +133,15 @@ pub fn client(args: &[String]) -> Result<()> {
             "--interval-ms" => interval = Duration::from_millis(value()?.parse()?),
             "--timeout-ms" => timeout = Duration::from_millis(value()?.parse()?),
             "--reuse" => reuse = true,
+            "--connect" => connect = true,
+            "--hold" => hold = true,
             other => bail!("client: unknown argument {other}"),
         }
     }
     let target = target.context("client: --target is required")?;
     let started = Instant::now();
     let mut shared_udp: Option<UdpSocket> = None;
+    let mut held_tcp: Option<TcpStream> = None;
     let mut out = std::io::stdout().lock();
     let mut sent = 0u64;
     loop {
@@ -131,26 +153,37 @@ pub fn client(args: &[String]) -> Result<()> {
         sent += 1;
         let t = Instant::now();
         let result = match proto {
-            Proto::Tcp => tcp_request(target, timeout),
+            Proto::Tcp if hold => match held_tcp.take() {
+                Some(conn) => Ok(conn),
+                None => tcp_connect(target, timeout),
+            }
+            .and_then(|conn| {
+                let answer = tcp_exchange(&conn)?;
+                held_tcp = Some(conn);
+                Ok(answer)
+            }),
+            Proto::Tcp => tcp_connect(target, timeout).and_then(|conn| tcp_exchange(&conn)),
             Proto::Udp => {
                 if reuse {
                     if shared_udp.is_none() {
-                        shared_udp = Some(udp_socket(target, timeout)?);
+                        shared_udp = Some(udp_socket(target, timeout, connect)?);
                     }
                     shared_udp
                         .as_ref()
-                        .map(|s| udp_request(s, target))
+                        .map(|s| udp_request(s, target, connect))
                         .unwrap_or_else(|| Err("no socket".to_owned()))
                 } else {
-                    udp_socket(target, timeout)
+                    udp_socket(target, timeout, connect)
                         .map_err(|e| e.to_string())
-                        .and_then(|s| udp_request(&s, target))
+                        .and_then(|s| udp_request(&s, target, connect))
                 }
             }
         };
         let ms = t.elapsed().as_millis();
         match result {
-            Ok((answer, peer)) => writeln!(out, "ok {answer} peer={peer} ms={ms}")?,
+            Ok(((answer, seen), peer)) => {
+                writeln!(out, "ok {answer} peer={peer} seen={seen} ms={ms}")?
+            }
             Err(e) => writeln!(out, "err {} ms={ms}", e.replace(' ', "_"))?,
         }
         out.flush()?;
@@ -161,26 +194,41 @@ pub fn client(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn tcp_request(target: SocketAddr, timeout: Duration) -> Result<(String, String), String> {
+/// An answer (`<pod> port=<n>`, the source address the pod saw) and the
+/// client socket's peer address.
+type Answer = ((String, String), String);
+
+fn tcp_connect(target: SocketAddr, timeout: Duration) -> Result<TcpStream, String> {
     let conn = TcpStream::connect_timeout(&target, timeout).map_err(|e| format!("connect: {e}"))?;
+    conn.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    Ok(conn)
+}
+
+/// One line out, one line back. The answer is a single short line, sent
+/// after the request arrived: no partial line is left in a buffer between
+/// two exchanges of a held connection.
+fn tcp_exchange(conn: &TcpStream) -> Result<Answer, String> {
     // What the application sees as its peer: the VIP when rev-NAT works.
     let peer = conn
         .peer_addr()
         .map(canonical)
         .map_err(|e| format!("getpeername: {e}"))?;
-    conn.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    (&conn)
+    let mut stream = conn;
+    stream
         .write_all(b"hello\n")
         .map_err(|e| format!("write: {e}"))?;
     let mut line = String::new();
-    BufReader::new(&conn)
+    let n = BufReader::new(conn)
         .read_line(&mut line)
         .map_err(|e| format!("read: {e}"))?;
+    if n == 0 {
+        return Err("read: connection closed".to_owned());
+    }
     Ok((parse_answer(&line)?, peer.to_string()))
 }
 
-fn udp_socket(target: SocketAddr, timeout: Duration) -> Result<UdpSocket> {
+fn udp_socket(target: SocketAddr, timeout: Duration, connect: bool) -> Result<UdpSocket> {
     let bind: SocketAddr = if target.is_ipv4() {
         "0.0.0.0:0".parse()?
     } else {
@@ -188,27 +236,44 @@ fn udp_socket(target: SocketAddr, timeout: Duration) -> Result<UdpSocket> {
     };
     let s = UdpSocket::bind(bind)?;
     s.set_read_timeout(Some(timeout))?;
+    if connect {
+        s.connect(target)?;
+    }
     Ok(s)
 }
 
 /// Unconnected sendto/recvfrom: sendmsg and recvmsg hooks at work; the
-/// reply's source must read as the VIP.
-fn udp_request(s: &UdpSocket, target: SocketAddr) -> Result<(String, String), String> {
-    s.send_to(b"hello\n", target)
-        .map_err(|e| format!("sendto: {e}"))?;
+/// reply's source must read as the VIP. Connected: send/recv, the peer is
+/// what the socket was connected to (getpeername).
+fn udp_request(s: &UdpSocket, target: SocketAddr, connected: bool) -> Result<Answer, String> {
     let mut buf = [0u8; 1500];
-    let (n, from) = s
-        .recv_from(&mut buf)
-        .map_err(|e| format!("recvfrom: {e}"))?;
+    let (n, from) = if connected {
+        s.send(b"hello\n").map_err(|e| format!("send: {e}"))?;
+        let n = s.recv(&mut buf).map_err(|e| format!("recv: {e}"))?;
+        let peer = s.peer_addr().map_err(|e| format!("getpeername: {e}"))?;
+        (n, peer)
+    } else {
+        s.send_to(b"hello\n", target)
+            .map_err(|e| format!("sendto: {e}"))?;
+        s.recv_from(&mut buf)
+            .map_err(|e| format!("recvfrom: {e}"))?
+    };
     let text = String::from_utf8_lossy(&buf[..n]);
     Ok((parse_answer(&text)?, canonical(from).to_string()))
 }
 
-/// `<pod> <port> <client>` → `<pod> port=<port>`.
-fn parse_answer(text: &str) -> Result<String, String> {
+/// `<pod> <port> <client>` → (`<pod> port=<port>`, the client's IP as the
+/// pod saw it).
+fn parse_answer(text: &str) -> Result<(String, String), String> {
     let mut words = text.split_whitespace();
-    match (words.next(), words.next()) {
-        (Some(pod), Some(port)) => Ok(format!("{pod} port={port}")),
+    match (words.next(), words.next(), words.next()) {
+        (Some(pod), Some(port), Some(client)) => {
+            let seen = client
+                .parse::<SocketAddr>()
+                .map(|a| a.ip().to_string())
+                .map_err(|_| format!("bad_answer:{text:?}"))?;
+            Ok((format!("{pod} port={port}"), seen))
+        }
         _ => Err(format!("bad_answer:{text:?}")),
     }
 }

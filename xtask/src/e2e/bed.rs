@@ -1,23 +1,33 @@
-//! The test bed: a mini node made of network namespaces.
+//! The test bed: nodes made of network namespaces, behind a router.
 //!
 //! ```text
-//!   node netns (lo: 10.0.0.1, fd00::1, 169.254.1.1)  ── the client runs here,
-//!     │  vhN: routed veth (Calico style)                 inside the test cgroup
-//!     ├── pod1 netns  eth0 10.244.1.11 fd00:244::11  netexec
+//!   node netns (node-1; lo: 10.0.0.1, fd00::1, 169.254.1.1) ── the client
+//!     │  vhN: routed veth (Calico style)          runs here, inside the test
+//!     ├── pod1 netns  eth0 10.244.1.11 fd00:244::11  netexec         cgroup
 //!     ├── pod2 netns  eth0 10.244.1.12 fd00:244::12  netexec
 //!     ├── pod3 netns  eth0 10.244.1.13 fd00:244::13  netexec
-//!     │  up: plain veth, the node's uplink
-//!     └── outside netns  eth0 192.168.100.2/24 fd00:192:168:100::2/64
-//!                        (node side 192.168.100.1, fd00:192:168:100::1;
-//!                        default routes of both families via the node)
+//!     │  up: 192.168.100.1/24 fd00:192:168:100::1/64
+//!   router netns ── n1: .254 / ::fe      10.244.1.0/24, fd00:244::/64,
+//!     │                                  203.0.113.0/24, fd00:203::/64 → node 1
+//!     ├── n2: 192.168.101.254/24 ::fe    10.244.2.0/24, fd00:244:2::/64 → node 2
+//!     │     └── node2 netns (node-2, built on demand, see `node2.rs`)
+//!     │           up: 192.168.101.1/24 fd00:192:168:101::1/64
+//!     │           ├── n2pod1 10.244.2.11 fd00:244:2::11, n2pod2 …12
+//!     └── client: 192.168.200.254/24 fd00:192:168:200::fe/64
+//!           └── outside netns  eth0 192.168.200.2 fd00:192:168:200::2
+//!               (default routes of both families via the router)
 //! ```
 //!
-//! Pods reach the node through a /32 route and a default route via
+//! Pods reach their node through a /32 route and a default route via
 //! 169.254.1.1 (an address of the node's lo, so the node answers ARP for it)
-//! and, for IPv6, via fe80::1 on the node's veth. The daemon runs in the node
-//! namespace (nftables rules are per network namespace; the eBPF socket
-//! hooks are per cgroup and attach to a cgroup v2 directory created for the
-//! run). Everything is removed on drop, also when a scenario fails.
+//! and, for IPv6, via fe80::1 on the node's veth. A node sends the underlay
+//! (192.168.0.0/16, fd00:192:168::/48) and all pod CIDRs (10.244.0.0/16,
+//! fd00:244::/32) to the router; its own pods' host routes are more
+//! specific. Nodes and router forward (ip_forward, IPv6 forwarding). Each
+//! daemon runs in its node namespace (nftables rules are per network
+//! namespace; the eBPF socket hooks are per cgroup and attach to a cgroup
+//! v2 directory created for each node). Everything is removed on drop, also
+//! when a scenario fails.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
@@ -28,17 +38,33 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+mod net;
+pub mod node2;
+
+use net::{address, route_via, veth};
+pub use net::{NODE1, NODE2};
+
 pub const POD_COUNT: usize = 3;
 /// Ports every netexec serves.
 pub const TCP_PORTS: &[u16] = &[8080, 8081, 8082];
 pub const UDP_PORTS: &[u16] = &[5353, 8080];
-/// The node's address as the outside client sees it.
-pub const NODE_EXTERNAL_IP: &str = "192.168.100.1";
-/// The node's IPv6 address as the outside client sees it.
-pub const NODE_EXTERNAL_IPV6: &str = "fd00:192:168:100::1";
-/// The outside client's IPv6 address (its IPv4 one is 192.168.100.2).
-pub const OUTSIDE_IPV6: &str = "fd00:192:168:100::2";
-
+/// Node 1's address as the outside client sees it.
+pub const NODE_EXTERNAL_IP: &str = NODE1.ip;
+/// Node 1's IPv6 address as the outside client sees it.
+pub const NODE_EXTERNAL_IPV6: &str = NODE1.ipv6;
+/// The outside client's addresses, behind the router.
+pub const OUTSIDE_IP: &str = "192.168.200.2";
+pub const OUTSIDE_IPV6: &str = "fd00:192:168:200::2";
+/// The outside client's subnets (for source ranges).
+pub const OUTSIDE_SUBNET: &str = "192.168.200.0/24";
+pub const OUTSIDE_SUBNET_V6: &str = "fd00:192:168:200::/64";
+const ROUTER_CLIENT_IP: &str = "192.168.200.254";
+const ROUTER_CLIENT_IPV6: &str = "fd00:192:168:200::fe";
+/// Routed to node 1 by the router: where external and load-balancer IPs
+/// of the scenarios come from.
+pub const EXTERNAL_V4_PREFIX: &str = "203.0.113.0/24";
+pub const EXTERNAL_V6_PREFIX: &str = "fd00:203::/64";
+#[derive(Clone, Debug)]
 pub struct Pod {
     pub name: String,
     pub netns: String,
@@ -49,10 +75,14 @@ pub struct Pod {
 pub struct Bed {
     pub prefix: String,
     pub node_netns: String,
-    /// A client outside the node, behind a veth: 192.168.100.2 and
-    /// [`OUTSIDE_IPV6`] talk to the node's [`NODE_EXTERNAL_IP`] and
-    /// [`NODE_EXTERNAL_IPV6`], the default routes of both families.
+    /// A client outside the nodes, behind the router: [`OUTSIDE_IP`] and
+    /// [`OUTSIDE_IPV6`]. Its processes stay out of the nodes' cgroups, so
+    /// socket-LB never sees them: their traffic reaches a node as packets.
     pub outside_netns: String,
+    /// The router joining the nodes and the outside client.
+    pub router_netns: String,
+    /// The second node, once a scenario asked for it ([`Bed::node2`]).
+    pub node2: Option<node2::Node2>,
     pub pods: Vec<Pod>,
     pub cgroup: PathBuf,
     pub bpffs: PathBuf,
@@ -129,6 +159,8 @@ impl Bed {
         let mut bed = Bed {
             node_netns: format!("{prefix}-node"),
             outside_netns: format!("{prefix}-outside"),
+            router_netns: format!("{prefix}-rtr"),
+            node2: None,
             pods: Vec::new(),
             cgroup,
             bpffs,
@@ -158,6 +190,12 @@ impl Bed {
     fn add_netns(&mut self, name: &str) -> Result<()> {
         ip(&["netns", "add", name])?;
         self.netns.push(name.to_owned());
+        // No duplicate address detection on the links created from now on:
+        // a tentative link-local address delays neighbour discovery by a
+        // second, and a scenario's first IPv6 requests with it.
+        for scope in ["default", "all"] {
+            self.sysctl(name, &format!("net.ipv6.conf.{scope}.accept_dad"), "0")?;
+        }
         ip(&["-n", name, "link", "set", "lo", "up"])
     }
 
@@ -177,72 +215,26 @@ impl Bed {
         }
         ip(&["-n", &node, "-6", "addr", "add", "fd00::1/128", "dev", "lo"])?;
         if self.proxy_mode != "ebpf" {
-            // Service addresses are routed nowhere; a real node has a default
-            // route, so connect() gets as far as the nftables output hook
-            // (which DNATs and reroutes) instead of failing with "network
-            // unreachable". Socket-LB rewrites before the route lookup and
-            // needs none.
-            // A veth whose peer stays down: it takes the route, packets sent
-            // on it go nowhere (no dummy module needed).
-            let dummy = format!("{}dflt", self.prefix);
-            let peer = format!("{}dpeer", self.prefix);
-            ip(&[
-                "-n", &node, "link", "add", &dummy, "type", "veth", "peer", "name", &peer,
-            ])?;
-            ip(&["-n", &node, "link", "set", &dummy, "up"])?;
-            ip(&["-n", &node, "route", "add", "default", "dev", &dummy])?;
-            ip(&["-n", &node, "-6", "route", "add", "default", "dev", &dummy])?;
+            self.add_void_default_route(&node)?;
         }
-        self.sysctl(&node, "net.ipv4.ip_forward", "1")?;
+        self.forwarding(&node)?;
+        let router = self.router_netns.clone();
+        self.add_netns(&router)?;
+        self.forwarding(&router)?;
+        let uplink = format!("{}up", self.prefix);
+        self.uplink(&node, &uplink, &NODE1)?;
         let outside = self.outside_netns.clone();
         self.add_netns(&outside)?;
-        let uplink = format!("{}up", self.prefix);
-        ip(&[
-            "-n", &node, "link", "add", &uplink, "type", "veth", "peer", "name", "eth0", "netns",
-            &outside,
-        ])?;
-        ip(&[
-            "-n",
-            &node,
-            "addr",
-            "add",
-            &format!("{NODE_EXTERNAL_IP}/24"),
-            "dev",
-            &uplink,
-        ])?;
-        ip(&[
-            "-n",
-            &node,
-            "-6",
-            "addr",
-            "add",
-            &format!("{NODE_EXTERNAL_IPV6}/64"),
-            "dev",
-            &uplink,
-            "nodad",
-        ])?;
-        ip(&["-n", &node, "link", "set", &uplink, "up"])?;
-        ip(&[
-            "-n",
-            &outside,
-            "addr",
-            "add",
-            "192.168.100.2/24",
-            "dev",
-            "eth0",
-        ])?;
-        ip(&[
-            "-n",
-            &outside,
-            "-6",
-            "addr",
-            "add",
-            &format!("{OUTSIDE_IPV6}/64"),
-            "dev",
-            "eth0",
-            "nodad",
-        ])?;
-        ip(&["-n", &outside, "link", "set", "eth0", "up"])?;
+        veth(&outside, "eth0", &router, "client")?;
+        address(&outside, "eth0", OUTSIDE_IP, 24, OUTSIDE_IPV6, 64)?;
+        address(
+            &router,
+            "client",
+            ROUTER_CLIENT_IP,
+            24,
+            ROUTER_CLIENT_IPV6,
+            64,
+        )?;
         ip(&[
             "-n",
             &outside,
@@ -250,7 +242,7 @@ impl Bed {
             "add",
             "default",
             "via",
-            NODE_EXTERNAL_IP,
+            ROUTER_CLIENT_IP,
         ])?;
         ip(&[
             "-n",
@@ -260,9 +252,13 @@ impl Bed {
             "add",
             "default",
             "via",
-            NODE_EXTERNAL_IPV6,
+            ROUTER_CLIENT_IPV6,
         ])?;
-        self.sysctl(&node, "net.ipv6.conf.all.forwarding", "1")?;
+        // The addresses a router in front of the cluster sends to node 1:
+        // its external and load-balancer IPs.
+        for prefix in [EXTERNAL_V4_PREFIX, EXTERNAL_V6_PREFIX] {
+            route_via(&router, prefix, NODE1.ip, NODE1.ipv6)?;
+        }
         for i in 1..=POD_COUNT {
             let pod = Pod {
                 name: format!("pod{i}"),
@@ -271,88 +267,7 @@ impl Bed {
                 ipv6: format!("fd00:244::{}", 10 + i),
             };
             let veth = format!("{}v{i}", self.prefix);
-            self.add_netns(&pod.netns)?;
-            ip(&[
-                "-n", &node, "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns",
-                &pod.netns,
-            ])?;
-            ip(&["-n", &node, "link", "set", &veth, "up"])?;
-            ip(&[
-                "-n",
-                &node,
-                "-6",
-                "addr",
-                "add",
-                "fe80::1/64",
-                "dev",
-                &veth,
-                "nodad",
-            ])?;
-            ip(&[
-                "-n",
-                &node,
-                "route",
-                "add",
-                &format!("{}/32", pod.ipv4),
-                "dev",
-                &veth,
-            ])?;
-            ip(&[
-                "-n",
-                &node,
-                "-6",
-                "route",
-                "add",
-                &format!("{}/128", pod.ipv6),
-                "dev",
-                &veth,
-            ])?;
-            ip(&[
-                "-n",
-                &pod.netns,
-                "addr",
-                "add",
-                &format!("{}/32", pod.ipv4),
-                "dev",
-                "eth0",
-            ])?;
-            ip(&[
-                "-n",
-                &pod.netns,
-                "-6",
-                "addr",
-                "add",
-                &format!("{}/128", pod.ipv6),
-                "dev",
-                "eth0",
-                "nodad",
-            ])?;
-            ip(&["-n", &pod.netns, "link", "set", "eth0", "up"])?;
-            ip(&[
-                "-n",
-                &pod.netns,
-                "route",
-                "add",
-                "169.254.1.1",
-                "dev",
-                "eth0",
-                "scope",
-                "link",
-            ])?;
-            ip(&[
-                "-n",
-                &pod.netns,
-                "route",
-                "add",
-                "default",
-                "via",
-                "169.254.1.1",
-                "dev",
-                "eth0",
-            ])?;
-            ip(&[
-                "-n", &pod.netns, "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
-            ])?;
+            self.add_pod(&node, &veth, &pod)?;
             self.start_server(&pod)?;
             self.pods.push(pod);
         }
@@ -427,20 +342,7 @@ impl Bed {
         self.daemon_starts += 1;
         let log =
             std::fs::File::create(self.dir.join(format!("daemon-{}.log", self.daemon_starts)))?;
-        let source_args: Vec<OsString> = match &self.kubeconfig {
-            Some(k) => vec![
-                "--source".into(),
-                "kube".into(),
-                "--kubeconfig".into(),
-                k.into(),
-            ],
-            None => vec![
-                "--source".into(),
-                "file".into(),
-                "--manifests".into(),
-                self.dir.join("manifests").into(),
-            ],
-        };
+        let source_args = self.source_args();
         let metrics = free_port()?;
         self.metrics = Some(metrics);
         let mut args: Vec<OsString> = vec![
@@ -486,33 +388,34 @@ impl Bed {
         Ok(())
     }
 
+    /// Where the daemons read Services and EndpointSlices from: every
+    /// node's daemon reads the same.
+    fn source_args(&self) -> Vec<OsString> {
+        match &self.kubeconfig {
+            Some(k) => vec![
+                "--source".into(),
+                "kube".into(),
+                "--kubeconfig".into(),
+                k.into(),
+            ],
+            None => vec![
+                "--source".into(),
+                "file".into(),
+                "--manifests".into(),
+                self.dir.join("manifests").into(),
+            ],
+        }
+    }
+
     /// Waits until the daemon has published a state (its localnet answers).
     fn wait_published(&mut self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let out = Command::new(&self.daemon_bin)
-                .args(["localnet", "watch", "--once", "--target"])
-                .arg(format!("unix:{}", self.localnet_socket.display()))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()?;
-            if out.success() {
-                return Ok(());
-            }
-            if let Some(d) = self.daemon.as_mut() {
-                if let Some(st) = d.try_wait()? {
-                    self.daemon = None;
-                    bail!("the daemon exited: {st}; log:\n{}", self.daemon_log());
-                }
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "the daemon published no state within 20 s; log:\n{}",
-                    self.daemon_log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let log = self.dir.join(format!("daemon-{}.log", self.daemon_starts));
+        wait_published(
+            &self.daemon_bin,
+            &self.localnet_socket,
+            &mut self.daemon,
+            &log,
+        )
     }
 
     pub fn daemon_log(&self) -> String {
@@ -588,22 +491,7 @@ impl Bed {
     /// (a listener for the fake API server) live there, where the daemon
     /// can reach them on 127.0.0.1.
     pub fn in_node_netns<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T> {
-        let ns = std::fs::File::open(format!("/run/netns/{}", self.node_netns))?;
-        std::thread::scope(|scope| {
-            scope
-                .spawn(move || {
-                    use std::os::fd::AsRawFd;
-                    // SAFETY: setns on a valid, open netns descriptor; it only
-                    // changes this (scoped, short-lived) thread's namespace.
-                    let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-                    if rc != 0 {
-                        bail!("setns: {}", std::io::Error::last_os_error());
-                    }
-                    Ok(f())
-                })
-                .join()
-                .map_err(|_| anyhow::anyhow!("the thread in the node netns panicked"))?
-        })
+        in_netns(&self.node_netns, f)
     }
 
     /// The daemon's `/metrics` page, fetched inside the node namespace.
@@ -638,23 +526,24 @@ impl Bed {
             .collect())
     }
 
+    /// A client on a node (node 1's netns or a pod's) joins that node's
+    /// cgroup, as a process on a node does; the outside client joins none.
     pub fn spawn_client(&self, netns: Option<&str>, args: &[&str]) -> Result<Child> {
         let netns = netns.unwrap_or(&self.node_netns);
-        // On the node: join the cgroup first, then the network namespace,
-        // then exec the client, so every socket it opens is covered by the
-        // socket hooks. Off the node (another netns): never in the cgroup,
-        // or the socket hooks would serve what the node's packet datapath
-        // must serve.
-        let on_node = netns == self.node_netns;
-        let script = r#"if [ "$1" != - ]; then echo $$ > "$1/cgroup.procs" || exit 1; fi && shift && exec nsenter --net="/run/netns/$1" "$2" client "${@:3}""#;
-        let cgroup = if on_node {
-            self.cgroup.clone().into_os_string()
+        // Join the cgroup first, then the network namespace, then exec the
+        // client: every socket it opens is covered by the hooks.
+        let script = r#"{ [ -z "$1" ] || echo $$ > "$1/cgroup.procs"; } && shift && exec nsenter --net="/run/netns/$1" "$2" client "${@:3}""#;
+        let cgroup = if netns == self.outside_netns || netns == self.router_netns {
+            PathBuf::new()
         } else {
-            "-".into()
+            match &self.node2 {
+                Some(n2) if n2.owns_netns(netns) => n2.cgroup.clone(),
+                _ => self.cgroup.clone(),
+            }
         };
         let mut cmd = Command::new("bash");
         cmd.args(["-c", script, "client"])
-            .arg(cgroup)
+            .arg(&cgroup)
             .arg(netns)
             .arg(&self.xtask_bin)
             .args(args)
@@ -664,9 +553,68 @@ impl Bed {
     }
 }
 
+/// Runs `f` on a thread inside the network namespace `netns`.
+pub fn in_netns<T: Send>(netns: &str, f: impl FnOnce() -> T + Send) -> Result<T> {
+    let ns = std::fs::File::open(format!("/run/netns/{netns}"))?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                use std::os::fd::AsRawFd;
+                // SAFETY: setns on a valid, open netns descriptor; it only
+                // changes this (scoped, short-lived) thread's namespace.
+                let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+                if rc != 0 {
+                    bail!("setns: {}", std::io::Error::last_os_error());
+                }
+                Ok(f())
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the thread in netns {netns} panicked"))?
+    })
+}
+
+/// Waits until the daemon `child` has published a state (its localnet
+/// socket answers); fails at once when it exits, with its log.
+fn wait_published(
+    daemon_bin: &Path,
+    localnet_socket: &Path,
+    child: &mut Option<Child>,
+    log: &Path,
+) -> Result<()> {
+    let read_log = || std::fs::read_to_string(log).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = Command::new(daemon_bin)
+            .args(["localnet", "watch", "--once", "--target"])
+            .arg(format!("unix:{}", localnet_socket.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if out.success() {
+            return Ok(());
+        }
+        if let Some(d) = child.as_mut() {
+            if let Some(st) = d.try_wait()? {
+                *child = None;
+                bail!("the daemon exited: {st}; log:\n{}", read_log());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the daemon published no state within 20 s; log:\n{}",
+                read_log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 impl Drop for Bed {
     fn drop(&mut self) {
         self.kill_daemon();
+        if let Some(n2) = self.node2.take() {
+            n2.remove(&self.daemon_bin);
+        }
         for s in &mut self.servers {
             let _ = s.kill();
             let _ = s.wait();

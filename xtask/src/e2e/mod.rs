@@ -134,6 +134,11 @@ pub fn run(root: &Path, opts: &Options) -> Result<(usize, usize, usize)> {
                     for l in tail.iter().rev() {
                         println!("    daemon| {l}");
                     }
+                    let log = bed.node2_daemon_log();
+                    let tail: Vec<&str> = log.lines().rev().take(8).collect();
+                    for l in tail.iter().rev() {
+                        println!("    node-2 daemon| {l}");
+                    }
                     if last {
                         failed += 1;
                     }

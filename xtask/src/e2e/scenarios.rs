@@ -103,8 +103,40 @@ pub fn all() -> Vec<Scenario> {
             run: lb_source_ranges,
         },
         Scenario {
+            name: "load-balancer-source-ranges-ipv6-tcp-and-udp",
+            run: lb_source_ranges_ipv6_udp,
+        },
+        Scenario {
             name: "external-traffic-policy-local-nodeport",
             run: etp_local_nodeport,
+        },
+        Scenario {
+            name: "two-node-cluster-policy-from-outside-to-local-and-remote-backends",
+            run: two_node::cluster_policy_local_and_remote,
+        },
+        Scenario {
+            name: "two-node-local-policy-keeps-client-address-drops-without-local-endpoint",
+            run: two_node::local_policy_keeps_client_address,
+        },
+        Scenario {
+            name: "two-node-health-check-node-port-503-once-local-endpoint-terminates",
+            run: two_node::health_check_node_port_flips,
+        },
+        Scenario {
+            name: "two-node-hairpin-pod-reaches-its-nodeport-and-lb-ip",
+            run: two_node::hairpin_nodeport,
+        },
+        Scenario {
+            name: "two-node-nodeport-flow-to-remote-backend-survives-daemon-sigkill",
+            run: two_node::nodeport_flow_survives_restart,
+        },
+        Scenario {
+            name: "two-node-nft-tables-only-in-nftables-mode",
+            run: two_node::nft_tables_only_in_nftables_mode,
+        },
+        Scenario {
+            name: "udp-connected-client-follows-a-removed-backend",
+            run: two_node::connected_udp_follows_removed_backend,
         },
         Scenario {
             name: "auto-falls-back-to-nftables",
@@ -167,6 +199,7 @@ mod external;
 mod manifests;
 mod restart;
 mod scale;
+mod two_node;
 
 use client::*;
 use clusterip::*;

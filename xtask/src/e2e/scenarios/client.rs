@@ -1,6 +1,6 @@
 //! The netexec client as the scenarios use it, and what its answers mean.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
@@ -12,6 +12,8 @@ pub(crate) struct Results {
     /// "pod port=N" → count.
     pub(crate) answers: BTreeMap<String, usize>,
     pub(super) peers: BTreeMap<String, usize>,
+    /// pod → the source addresses it saw the requests come from.
+    pub(super) seen: BTreeMap<String, BTreeSet<String>>,
     pub(crate) errors: Vec<String>,
     /// Slowest error in ms.
     pub(super) max_error_ms: u128,
@@ -34,6 +36,12 @@ impl Results {
                     .and_then(|p| p.strip_prefix("peer="))
                     .unwrap_or("")
                     .to_owned();
+                let seen = words
+                    .next()
+                    .and_then(|p| p.strip_prefix("seen="))
+                    .unwrap_or("")
+                    .to_owned();
+                r.seen.entry(pod.clone()).or_default().insert(seen);
                 *r.answers.entry(format!("{pod} {port}")).or_default() += 1;
                 *r.peers.entry(peer).or_default() += 1;
             } else {

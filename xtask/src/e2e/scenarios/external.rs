@@ -19,7 +19,7 @@ pub(super) fn nodeport_outside(bed: &mut Bed) -> Result<()> {
     };
     bed.apply_manifests(&docs(&[
         svc.yaml(),
-        slice_yaml(bed, &svc, false, &three_pods()),
+        slice_yaml(bed, &svc, false, &three_pods_on_node1()),
     ]))?;
     let target = format!("{}:30080", crate::e2e::bed::NODE_EXTERNAL_IP);
     let outside = bed.outside_netns.clone();
@@ -66,10 +66,13 @@ pub(super) fn nodeport_addresses(bed: &mut Bed) -> Result<()> {
             bed.stop_daemon()?;
         }
         bed.daemon_args = vec!["--nodeport-addresses".into(), cidr.into()];
-        let mut manifests = vec![service.clone(), slice_yaml(bed, &svc, false, &three_pods())];
+        let mut manifests = vec![
+            service.clone(),
+            slice_yaml(bed, &svc, false, &three_pods_on_node1()),
+        ];
         if with_marker {
             manifests.push(service_yaml(&marker));
-            manifests.push(slice_yaml(bed, &marker, false, &three_pods()));
+            manifests.push(slice_yaml(bed, &marker, false, &three_pods_on_node1()));
         }
         bed.apply_manifests(&docs(&manifests))?;
         bed.start_daemon()
@@ -124,7 +127,7 @@ pub(super) fn ipv6_nodeport_outside(bed: &mut Bed) -> Result<()> {
     };
     bed.apply_manifests(&docs(&[
         svc.yaml(),
-        slice_yaml(bed, &svc, true, &three_pods()),
+        slice_yaml(bed, &svc, true, &three_pods_on_node1()),
     ]))?;
     let target = format!("[{}]:30130", crate::e2e::bed::NODE_EXTERNAL_IPV6);
     let outside = bed.outside_netns.clone();
@@ -148,9 +151,9 @@ pub(super) const DROP_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// A LoadBalancer service `name` on `cluster_ip`, TCP 80 → 8080, with
 /// `external_ips` and `lb_ips` (status.loadBalancer.ingress). The
-/// addresses are outside every subnet of the bed: the outside namespace
-/// sends them to the node along its default route, as a router in front of
-/// the node would.
+/// addresses are in the prefixes the bed's router sends to node 1
+/// ([`crate::e2e::bed::EXTERNAL_V4_PREFIX`]), as a router in front of a
+/// cluster would.
 fn load_balancer<'a>(
     name: &'a str,
     cluster_ip: &'a str,
@@ -174,7 +177,7 @@ pub(super) fn external_and_lb_ips(bed: &mut Bed) -> Result<()> {
     let lb = load_balancer("lb", "10.96.0.100", &addresses.0, &addresses.1);
     bed.apply_manifests(&docs(&[
         lb.yaml(),
-        slice_yaml(bed, &lb, false, &three_pods()),
+        slice_yaml(bed, &lb, false, &three_pods_on_node1()),
     ]))?;
     let outside = bed.outside_netns.clone();
     for ip in [external_ip, lb_ip] {
@@ -209,10 +212,10 @@ pub(super) fn lb_source_ranges(bed: &mut Bed) -> Result<()> {
                 ..fw
             }
             .yaml(),
-            slice_yaml(bed, &fw, false, &three_pods()),
+            slice_yaml(bed, &fw, false, &three_pods_on_node1()),
         ])
     };
-    // The outside client is 192.168.100.2.
+    // The outside client is in OUTSIDE_SUBNET, behind the router.
     bed.apply_manifests(&manifests("\"198.51.100.0/24\""))?;
     let outside = bed.outside_netns.clone();
     // Served on the external IP: the service is programmed.
@@ -229,7 +232,10 @@ pub(super) fn lb_source_ranges(bed: &mut Bed) -> Result<()> {
     assert_dropped(&r, &format!("{lb_target} from a source outside the ranges"))?;
 
     let applied = Instant::now();
-    bed.apply_manifests(&manifests("\"198.51.100.0/24\", \"192.168.100.0/24\""))?;
+    bed.apply_manifests(&manifests(&format!(
+        "\"198.51.100.0/24\", \"{}\"",
+        crate::e2e::bed::OUTSIDE_SUBNET
+    )))?;
     wait_until_served_from(
         bed,
         Some(&outside),
@@ -247,6 +253,65 @@ pub(super) fn lb_source_ranges(bed: &mut Bed) -> Result<()> {
     let r = request_from(bed, Some(&outside), "tcp", &lb_target, 30, CLIENT_TIMEOUT)?;
     assert_spread(&r, 30, &["pod1", "pod2", "pod3"], 0.0)
         .with_context(|| format!("{lb_target} from a source inside the ranges"))
+}
+
+/// loadBalancerSourceRanges on an IPv6 load-balancer IP, TCP and UDP: the
+/// outside client (outside the ranges) is dropped on both protocols while
+/// the external IP serves it; once its subnet is in the ranges, both
+/// protocols are served.
+pub(super) fn lb_source_ranges_ipv6_udp(bed: &mut Bed) -> Result<()> {
+    ensure_daemon(bed)?;
+    let (external_ip, lb_ip) = ("fd00:203::61", "fd00:203::60");
+    let addresses = ([external_ip], [lb_ip]);
+    let fw = load_balancer("fw6", "fd00:96::111", &addresses.0, &addresses.1);
+    let manifests = |ranges: &str| {
+        let ranges = format!("loadBalancerSourceRanges: [{ranges}]");
+        let svc = Svc {
+            ports: TCP_AND_UDP,
+            spec: &["ipFamilies: [IPv6]", &ranges],
+            ..fw
+        };
+        docs(&[
+            svc.yaml(),
+            slice_yaml(bed, &svc, true, &three_pods_on_node1()),
+        ])
+    };
+    bed.apply_manifests(&manifests("\"fd00:198:51:100::/64\""))?;
+    let outside = bed.outside_netns.clone();
+    for proto in ["tcp", "udp"] {
+        let port = if proto == "tcp" { 80 } else { 53 };
+        wait_until_served_from(
+            bed,
+            Some(&outside),
+            proto,
+            &two_node::at(external_ip, port),
+            Duration::from_secs(5),
+            DROP_TIMEOUT,
+        )?;
+        let target = two_node::at(lb_ip, port);
+        let r = request_from(bed, Some(&outside), proto, &target, 2, DROP_TIMEOUT)?;
+        assert_dropped(&r, &format!("{target}/{proto} from outside the ranges"))?;
+    }
+    bed.apply_manifests(&manifests(&format!(
+        "\"fd00:198:51:100::/64\", \"{}\"",
+        crate::e2e::bed::OUTSIDE_SUBNET_V6
+    )))?;
+    for proto in ["tcp", "udp"] {
+        let target = two_node::at(lb_ip, if proto == "tcp" { 80 } else { 53 });
+        wait_until_served_from(
+            bed,
+            Some(&outside),
+            proto,
+            &target,
+            Duration::from_secs(2),
+            DROP_TIMEOUT,
+        )
+        .context("after adding the client's range")?;
+        let r = request_from(bed, Some(&outside), proto, &target, 30, CLIENT_TIMEOUT)?;
+        assert_spread(&r, 30, &["pod1", "pod2", "pod3"], 0.0)
+            .with_context(|| format!("{target}/{proto} from a source inside the ranges"))?;
+    }
+    Ok(())
 }
 
 /// externalTrafficPolicy: Local on a node port: traffic from outside only
@@ -295,13 +360,18 @@ pub(super) fn etp_local_nodeport(bed: &mut Bed) -> Result<()> {
 }
 
 /// `--proxy-mode auto` with eBPF made to fail (test hook): one log line
-/// with the cause, and traffic flows through nftables. Only in the
-/// nftables bed, whose node has the default route nftables needs.
+/// with the cause, and traffic flows through nftables. In the eBPF bed the
+/// eBPF daemon's programs are cleaned up first (they would serve the
+/// service themselves), and the node gets the default route nftables
+/// needs for the time of the scenario; both are undone afterwards.
 pub(super) fn auto_fallback(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode != "nftables" {
-        return Err(Skip("runs in the nftables bed").into());
-    }
+    let bed_mode = bed.proxy_mode.clone();
     bed.stop_daemon()?;
+    if bed_mode == "ebpf" {
+        bed.cleanup_command()?;
+        let node = bed.node_netns.clone();
+        bed.add_void_default_route(&node)?;
+    }
     bed.proxy_mode = "auto".to_owned();
     bed.daemon_env = vec![(
         "EBPF_KUBE_PROXY_TEST_FORCE_EBPF_FAILURE".to_owned(),
@@ -329,7 +399,11 @@ pub(super) fn auto_fallback(bed: &mut Bed) -> Result<()> {
         Ok(())
     })();
     let _ = bed.stop_daemon();
-    bed.proxy_mode = "nftables".to_owned();
+    bed.proxy_mode = bed_mode;
     bed.daemon_env.clear();
+    if bed.proxy_mode == "ebpf" {
+        bed.cleanup_command()?;
+        bed.remove_void_default_route()?;
+    }
     result
 }
