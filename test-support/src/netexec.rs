@@ -102,7 +102,8 @@ enum Proto {
 /// `client --proto tcp|udp --target ADDR:PORT [--count N] [--duration-ms D]
 ///  [--interval-ms I] [--timeout-ms T] [--reuse] [--connect] [--hold]`
 ///
-/// `--reuse` keeps one UDP socket for all requests (a long-lived client);
+/// `--reuse` keeps one UDP socket for all requests (a long-lived client;
+/// reopened after an error other than a timeout);
 /// `--connect` connect()s each UDP socket to the target and uses send/recv
 /// (a connected client, such as a resolver); `--hold` keeps one TCP
 /// connection for all requests, opening a new one only after an error.
@@ -168,10 +169,19 @@ pub fn client(args: &[String]) -> Result<()> {
                     if shared_udp.is_none() {
                         shared_udp = Some(udp_socket(target, timeout, connect)?);
                     }
-                    shared_udp
+                    let r = shared_udp
                         .as_ref()
                         .map(|s| udp_request(s, target, connect))
-                        .unwrap_or_else(|| Err("no socket".to_owned()))
+                        .unwrap_or_else(|| Err("no socket".to_owned()));
+                    // A socket the kernel aborted or disconnected (its
+                    // backend went away) is opened and connected again, as
+                    // a resolver does; a timeout keeps it.
+                    if r.as_ref().is_err_and(|e| {
+                        !e.contains("timed out") && !e.contains("Resource temporarily unavailable")
+                    }) {
+                        shared_udp = None;
+                    }
+                    r
                 } else {
                     udp_socket(target, timeout, connect)
                         .map_err(|e| e.to_string())

@@ -171,12 +171,8 @@ pub fn all() -> Vec<Scenario> {
             run: drift::sighup_checks_at_once,
         },
         Scenario {
-            name: "drift-detached-ebpf-program-attached-again",
-            run: drift::detached_program_reattached,
-        },
-        Scenario {
-            name: "drift-flushed-or-deleted-nft-table-repaired",
-            run: drift::flushed_and_deleted_table_repaired,
+            name: "drift-removed-programs-or-table-repaired",
+            run: drift::removed_datapath_object_repaired,
         },
         Scenario {
             name: "caps-daemon-runs-with-only-the-needed-capabilities",

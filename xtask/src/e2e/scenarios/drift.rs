@@ -176,27 +176,62 @@ pub(super) fn sighup_checks_at_once(bed: &mut Bed) -> Result<()> {
     })
 }
 
+/// What holds the datapath in the kernel removed behind the daemon's back
+/// is put back: on eBPF a socket hook's and a tc program's link pins, on
+/// nftables the table flushed, then deleted.
+pub(super) fn removed_datapath_object_repaired(bed: &mut Bed) -> Result<()> {
+    if bed.proxy_mode == "nftables" {
+        flushed_and_deleted_table_repaired(bed)
+    } else {
+        detached_programs_reattached(bed)
+    }
+}
+
 /// eBPF: a program's link pin removed (the program detaches with its last
 /// reference): the daemon attaches the programs again.
-pub(super) fn detached_program_reattached(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode != "ebpf" {
-        return Err(Skip("eBPF links exist on the eBPF datapath only").into());
-    }
+fn detached_programs_reattached(bed: &mut Bed) -> Result<()> {
     with_daemon(bed, SYNC_PERIOD, |bed| {
         let pin = bed.bpffs.join("links/ekp_connect4");
         std::fs::remove_file(&pin).with_context(|| format!("removing {}", pin.display()))?;
         let took = served_again(bed, Instant::now(), REPAIRED_WITHIN)?;
         println!("    detached connect4 program attached again after {took:?}");
         ensure!(pin.exists(), "{} was not pinned again", pin.display());
-        reported(bed, "link", &["kind=link", "links/ekp_connect4"])
+        reported(bed, "link", &["kind=link", "links/ekp_connect4"])?;
+
+        // A tc program of the node's interfaces.
+        let tc_pin = std::fs::read_dir(bed.bpffs.join("links"))?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("ekp_tc_ingress_if"))
+            })
+            .context("no tc program pinned")?;
+        std::fs::remove_file(&tc_pin)?;
+        let name = tc_pin
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let removed = Instant::now();
+        while !tc_pin.exists() {
+            ensure!(
+                removed.elapsed() < REPAIRED_WITHIN,
+                "{} not pinned again within {REPAIRED_WITHIN:?}",
+                tc_pin.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        println!(
+            "    detached {name} attached again after {:?}",
+            removed.elapsed()
+        );
+        reported(bed, "link", &["kind=link", &format!("links/{name}")])
     })
 }
 
 /// nftables: the table flushed (every rule gone), then deleted.
-pub(super) fn flushed_and_deleted_table_repaired(bed: &mut Bed) -> Result<()> {
-    if bed.proxy_mode != "nftables" {
-        return Err(Skip("nftables tables exist on the nftables datapath only").into());
-    }
+fn flushed_and_deleted_table_repaired(bed: &mut Bed) -> Result<()> {
     with_daemon(bed, SYNC_PERIOD, |bed| {
         nft(bed, &["flush", "table", "ip", "ebpf-kube-proxy"])?;
         let took = served_again(bed, Instant::now(), REPAIRED_WITHIN)?;

@@ -439,9 +439,11 @@ pub(super) fn nodeport_flow_survives_restart(bed: &mut Bed) -> Result<()> {
 
 /// A UDP client in node 1's netns (inside the test cgroup) connect()s one
 /// socket to a ClusterIP and keeps sending on it. Its backend leaves the
-/// slice; within 1 s its sends reach the remaining backend (eBPF: the
-/// socket is destroyed and reconnected; nftables: the conntrack entry is
-/// flushed).
+/// slice; within 1 s its sends reach the remaining backend. eBPF: the
+/// socket is destroyed, its next send fails at once (EDESTADDRREQ, no
+/// black hole) and the client connects again, as a resolver does, to a
+/// live backend. nftables: the conntrack entry is flushed and the same
+/// socket's next send goes to a live backend.
 pub(super) fn connected_udp_follows_removed_backend(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
     let (a, b) = (bed.pods[0].clone(), bed.pods[1].clone());
