@@ -25,7 +25,7 @@ use aya::Ebpf;
 use proxy_common::{IfaceValue, SrcRangeKey, MAP_IFACES, MAP_SRC_RANGES, SRC_RANGE_FRONTEND_BITS};
 
 use super::codec::{encode_ip, Vip};
-use super::loader::{remove_if_exists, LINKS_DIR};
+use super::loader::{pin_replacing, remove_if_exists, LINKS_DIR};
 use super::{chain, EbpfError};
 use crate::net::Cidr;
 use crate::node_addrs::NodeAddress;
@@ -46,6 +46,14 @@ pub struct NodeIface {
 }
 
 impl NodeIface {
+    /// Whether the tc programs attach here. Not on loopback: a packet to a
+    /// node address held by `lo` arrives through the interface it was
+    /// routed over, where the programs are; the node's own loopback
+    /// traffic should not pay for a lookup.
+    pub fn attachable(&self) -> bool {
+        self.name != "lo"
+    }
+
     fn value(&self) -> IfaceValue {
         let v4 = self.addrs.iter().find_map(|a| match a {
             IpAddr::V4(v4) => Some(*v4),
@@ -127,7 +135,7 @@ fn pinned_ifindex(name: &str) -> Option<u32> {
 pub fn attach(ebpf: &mut Ebpf, root: &Path, ifaces: &[NodeIface]) -> Result<usize, EbpfError> {
     let links_dir = root.join(LINKS_DIR);
     let mut replaced = 0;
-    for iface in ifaces {
+    for iface in ifaces.iter().filter(|i| i.attachable()) {
         match attach_iface(ebpf, &links_dir, iface) {
             Ok(n) => replaced += n,
             // An interface removed since it was listed: the address
@@ -153,54 +161,45 @@ fn iface_exists(iface: &NodeIface) -> bool {
 /// Attaches both programs to one interface; how many links it replaced.
 fn attach_iface(ebpf: &mut Ebpf, links_dir: &Path, iface: &NodeIface) -> Result<usize, EbpfError> {
     let mut replaced = 0;
-    {
-        for (name, direction) in TC_PROGRAMS {
-            let prog = program(ebpf, name)?;
-            let attach_err = |reason: String| EbpfError::AttachTc {
-                program: name.to_owned(),
-                iface: iface.name.clone(),
-                reason,
-            };
-            let id = prog
-                .attach_with_options(
-                    &iface.name,
-                    direction,
-                    TcAttachOptions::TcxOrder(LinkOrder::first()),
-                )
-                .map_err(|e| attach_err(chain(&e)))?;
-            let link: FdLink = prog
-                .take_link(id)
-                .map_err(|e| attach_err(chain(&e)))?
-                .try_into()
-                .map_err(|e: aya::programs::links::LinkError| {
-                    attach_err(format!(
-                        "not a TCX link (kernel 6.6 or newer is needed): {}",
-                        chain(&e)
-                    ))
-                })?;
-            let pin = links_dir.join(pin_name(name, iface.ifindex));
-            let fresh = links_dir.join(format!("{}_new", pin_name(name, iface.ifindex)));
-            remove_if_exists(&fresh)?;
-            drop(link.pin(&fresh).map_err(|e| EbpfError::Pin {
-                path: fresh.clone(),
-                reason: chain(&e),
-            })?);
-            if pin.exists() {
-                replaced += 1;
-            }
-            std::fs::rename(&fresh, &pin).map_err(|e| EbpfError::Pin {
-                path: pin.clone(),
-                reason: format!("renaming {} over it: {e}", fresh.display()),
+    for (name, direction) in TC_PROGRAMS {
+        let prog = program(ebpf, name)?;
+        let attach_err = |reason: String| EbpfError::AttachTc {
+            program: name.to_owned(),
+            iface: iface.name.clone(),
+            reason,
+        };
+        let id = prog
+            .attach_with_options(
+                &iface.name,
+                direction,
+                TcAttachOptions::TcxOrder(LinkOrder::first()),
+            )
+            .map_err(|e| attach_err(chain(&e)))?;
+        let link: FdLink = prog
+            .take_link(id)
+            .map_err(|e| attach_err(chain(&e)))?
+            .try_into()
+            .map_err(|e: aya::programs::links::LinkError| {
+                attach_err(format!(
+                    "not a TCX link (kernel 6.6 or newer is needed): {}",
+                    chain(&e)
+                ))
             })?;
+        if pin_replacing(link, links_dir, &pin_name(name, iface.ifindex))? {
+            replaced += 1;
         }
-        tracing::debug!(iface = %iface.name, ifindex = iface.ifindex, "tc programs attached");
     }
+    tracing::debug!(iface = %iface.name, ifindex = iface.ifindex, "tc programs attached");
     Ok(replaced)
 }
 
 /// Removes the tc link pins of interfaces not in `ifaces`.
 pub fn detach_others(root: &Path, ifaces: &[NodeIface]) -> Result<Vec<u32>, EbpfError> {
-    let keep: BTreeSet<u32> = ifaces.iter().map(|i| i.ifindex).collect();
+    let keep: BTreeSet<u32> = ifaces
+        .iter()
+        .filter(|i| i.attachable())
+        .map(|i| i.ifindex)
+        .collect();
     let mut gone = Vec::new();
     for (name, ifindex) in pinned(root) {
         if !keep.contains(&ifindex) && remove_if_exists(&root.join(LINKS_DIR).join(&name))? {
@@ -233,6 +232,7 @@ pub fn missing_pins(root: &Path, ifaces: &[NodeIface]) -> Vec<String> {
     let have: BTreeSet<String> = pinned(root).into_iter().map(|(n, _)| n).collect();
     ifaces
         .iter()
+        .filter(|i| i.attachable())
         .flat_map(|i| TC_PROGRAMS.iter().map(|(p, _)| pin_name(p, i.ifindex)))
         .filter(|n| !have.contains(n))
         .collect()

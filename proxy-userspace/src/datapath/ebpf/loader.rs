@@ -527,31 +527,38 @@ fn load_and_attach_prepared(
                     chain(&e)
                 ),
             })?;
-        let pin = links_dir.join(name);
-        // bpffs refuses names with a dot (EPERM): "_new", not ".new".
-        let fresh = links_dir.join(format!("{name}_new"));
-        remove_if_exists(&fresh)?;
-        // Dropping the PinnedLink closes our fd; the pin keeps it attached.
-        drop(link.pin(&fresh).map_err(|e| EbpfError::Pin {
-            path: fresh.clone(),
-            reason: chain(&e),
-        })?);
         *attached_any = true;
-        // The old link (if any) detaches when its pin is replaced: rename
-        // over it is atomic, so the program is never missing.
-        if pin.exists() {
+        if pin_replacing(link, &links_dir, name)? {
             replaced += 1;
         }
-        std::fs::rename(&fresh, &pin).map_err(|e| EbpfError::Pin {
-            path: pin.clone(),
-            reason: format!("renaming {} over it: {e}", fresh.display()),
-        })?;
-        tracing::debug!(program = name, cgroup = %cgroup.display(), pin = %pin.display(), "attached");
+        tracing::debug!(program = name, cgroup = %cgroup.display(), "attached");
     }
 
     let maps = KernelMaps::take(&mut ebpf)?;
     let ext = ExtMaps::take(&mut ebpf)?;
     Ok((maps, ext, ebpf, replaced, sockd))
+}
+
+/// Pins a new link as `links_dir/name`, replacing (and so detaching) the
+/// link pinned there before, if any, without a moment with neither: the
+/// new link is pinned beside it and renamed over it, atomically. Whether
+/// it replaced one.
+pub(super) fn pin_replacing(link: FdLink, links_dir: &Path, name: &str) -> Result<bool, EbpfError> {
+    let pin = links_dir.join(name);
+    // bpffs refuses names with a dot (EPERM): "_new", not ".new".
+    let fresh = links_dir.join(format!("{name}_new"));
+    remove_if_exists(&fresh)?;
+    // Dropping the PinnedLink closes our fd; the pin keeps it attached.
+    drop(link.pin(&fresh).map_err(|e| EbpfError::Pin {
+        path: fresh.clone(),
+        reason: chain(&e),
+    })?);
+    let replaced = pin.exists();
+    std::fs::rename(&fresh, &pin).map_err(|e| EbpfError::Pin {
+        path: pin.clone(),
+        reason: format!("renaming {} over it: {e}", fresh.display()),
+    })?;
+    Ok(replaced)
 }
 
 /// A program's load error: the verifier's log when it refused it.

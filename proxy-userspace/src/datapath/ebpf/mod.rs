@@ -603,8 +603,13 @@ fn warn_if_ephemeral_ports_overlap() {
     }
 }
 
+/// The interfaces the tc programs are attached to, for the log.
 fn iface_names(ifaces: &[NodeIface]) -> String {
-    let names: Vec<&str> = ifaces.iter().map(|i| i.name.as_str()).collect();
+    let names: Vec<&str> = ifaces
+        .iter()
+        .filter(|i| i.attachable())
+        .map(|i| i.name.as_str())
+        .collect();
     names.join(",")
 }
 
