@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntCounterVec, Opts};
-use proxy_common::{STAT_AFFINITY_HIT, STAT_NO_BACKEND, STAT_SLOT_MISSING, STAT_TRANSLATED};
+use proxy_common::{
+    STAT_AFFINITY_HIT, STAT_EXT_NO_BACKEND, STAT_EXT_SOURCE_DENIED, STAT_EXT_TRANSLATED,
+    STAT_EXT_UNROUTABLE, STAT_NO_BACKEND, STAT_SLOT_MISSING, STAT_TRANSLATED,
+};
 
 use super::maps::read_stats;
 
@@ -15,11 +18,15 @@ use super::maps::read_stats;
 pub const CONNECTIONS_TOTAL: &str = "ebpf_kube_proxy_datapath_connections_total";
 
 /// `result` label values, by `STAT_*` index.
-const RESULTS: [(u32, &str); 4] = [
+const RESULTS: [(u32, &str); 8] = [
     (STAT_TRANSLATED, "load_balanced"),
     (STAT_AFFINITY_HIT, "session_affinity"),
     (STAT_NO_BACKEND, "no_backend"),
     (STAT_SLOT_MISSING, "backend_slot_missing"),
+    (STAT_EXT_TRANSLATED, "external_translated"),
+    (STAT_EXT_NO_BACKEND, "external_no_backend"),
+    (STAT_EXT_SOURCE_DENIED, "external_source_denied"),
+    (STAT_EXT_UNROUTABLE, "external_unroutable"),
 ];
 
 /// Collects [`CONNECTIONS_TOTAL`] from the maps pinned under `root`.
@@ -33,7 +40,7 @@ impl StatsCollector {
         let family = IntCounterVec::new(
             Opts::new(
                 CONNECTIONS_TOTAL,
-                "[ALPHA] Socket-LB decisions of the eBPF programs, by result: load_balanced (a backend picked), session_affinity (the affine backend reused), no_backend (refused: the service has no usable endpoint), backend_slot_missing (a slot pointed at no backend). Summed over CPUs; kept across daemon restarts while the maps stay pinned.",
+                "[ALPHA] Socket-LB decisions of the eBPF programs, by result: load_balanced (a backend picked), session_affinity (the affine backend reused), no_backend (refused: the service has no usable endpoint), backend_slot_missing (a slot pointed at no backend); the tc programs' node-external packets: external_translated (translated, new flow or tracked), external_no_backend (dropped: no usable endpoint), external_source_denied (dropped by loadBalancerSourceRanges), external_unroutable (a remote backend unreachable). Summed over CPUs; kept across daemon restarts while the maps stay pinned.",
             ),
             &["result"],
         )?;
