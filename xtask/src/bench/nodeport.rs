@@ -90,6 +90,9 @@ pub struct Samples {
     pub errors: u64,
 }
 
+/// One figure's samples of a path.
+type Pick = fn(&Samples) -> &Vec<f64>;
+
 #[derive(Debug, Default)]
 pub struct NodePortResult {
     pub direct: Samples,
@@ -132,8 +135,8 @@ impl NodePortResult {
         }
     }
 
-    /// (figure, unit, one path's samples) for both load patterns.
-    fn figures() -> [(&'static str, fn(&Samples) -> &Vec<f64>); 2] {
+    /// (figure, one path's samples of it) for both load patterns.
+    fn figures() -> [(&'static str, Pick); 2] {
         [
             ("short connections (connect, 1 request, close) /s", |s| {
                 &s.connections
@@ -142,7 +145,7 @@ impl NodePortResult {
         ]
     }
 
-    fn ratio(&self, pick: fn(&Samples) -> &Vec<f64>, a: Path, b: Path) -> Option<f64> {
+    fn ratio(&self, pick: Pick, a: Path, b: Path) -> Option<f64> {
         let (x, y) = (
             median(pick(self.samples(a)))?,
             median(pick(self.samples(b)))?,
