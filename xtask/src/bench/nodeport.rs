@@ -183,9 +183,16 @@ impl NodePortResult {
         for (figure, pick) in Self::figures() {
             out.push_str(&format!("| {figure} |"));
             for p in PATHS {
-                let text = median(pick(self.samples(p)))
-                    .map(|v| format!("{v:.0}"))
-                    .unwrap_or_else(|| "—".to_owned());
+                let samples = pick(self.samples(p));
+                // The spread says how much the machine's noise moved it.
+                let text = match median(samples) {
+                    Some(m) => {
+                        let lo = samples.iter().copied().fold(f64::INFINITY, f64::min);
+                        let hi = samples.iter().copied().fold(0.0, f64::max);
+                        format!("{m:.0} ({lo:.0}–{hi:.0})")
+                    }
+                    None => "—".to_owned(),
+                };
                 out.push_str(&format!(" {text} |"));
             }
             let nft_direct = self
@@ -204,7 +211,7 @@ impl NodePortResult {
             .map(|p| format!("{} {}", p.key(), self.samples(*p).errors))
             .collect();
         out.push_str(&format!(
-            "\nMedians of {rounds} interleaved round(s); failed requests: {}.\n",
+            "\nMedians (min–max) of {rounds} interleaved round(s); failed requests: {}.\n",
             errors.join(", ")
         ));
         for c in &self.checks {
