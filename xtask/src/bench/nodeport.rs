@@ -472,3 +472,40 @@ fn with_daemon(
     }
     Ok((short, persistent))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_no_rounds() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+    }
+
+    #[test]
+    fn ratios_of_medians_against_the_goals() {
+        let samples = |c: &[f64], r: &[f64]| Samples {
+            connections: c.to_vec(),
+            requests: r.to_vec(),
+            errors: 0,
+        };
+        let result = NodePortResult {
+            direct: samples(&[100.0, 1.0, 100.0], &[1000.0]),
+            // Short: 0.96 of direct (met), above nftables (met).
+            // Persistent: 0.9 of direct (missed), below nftables (missed).
+            tc: samples(&[96.0, 500.0, 90.0, 97.0, 10.0], &[900.0]),
+            nft: samples(&[80.0], &[950.0]),
+            ..NodePortResult::default()
+        };
+        assert_eq!(result.verdicts(), (2, 2));
+        let md = result.markdown();
+        assert!(md.contains("0.960 met (≥ 0.95)"), "{md}");
+        assert!(md.contains("**0.900 MISSED (≥ 0.95)**"), "{md}");
+        let json = result.to_json();
+        assert_eq!(json["ratios"]["short_connections"]["tc_over_nft"], 1.2);
+        // No rounds: every goal missed, not met by default.
+        assert_eq!(NodePortResult::default().verdicts(), (0, 4));
+    }
+}
