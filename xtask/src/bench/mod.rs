@@ -2,10 +2,12 @@
 //! the ClusterIP connect rate, and the scale table of issue 17 — the
 //! release daemon programming 1k … 50k services through each datapath and
 //! source, each figure against its goal and, where one makes sense, a
-//! baseline measured in the same run.
+//! baseline measured in the same run — and the NodePort cell of issue 16:
+//! the request rate from outside the node through the tc programs, through
+//! nftables and straight to the pod, as ratios.
 //!
 //! ```text
-//! cargo xtask bench [--only localstate|nftables|datapath|scale] [--quick]
+//! cargo xtask bench [--only localstate|nftables|datapath|nodeport|scale] [--quick]
 //!                   [--scales 1k/10k,10k/100k,50k/250k] [--datapaths ebpf,nftables,none]
 //!                   [--sources file,kube] [--changes N] [--watchers N] [--idle-seconds N]
 //!                   [--daemon-bin PATH --fanout-bin PATH]
@@ -16,8 +18,10 @@
 //! building them.
 
 mod daemon;
+mod load;
 mod manifests;
 mod nftbase;
+mod nodeport;
 mod report;
 mod scale;
 
@@ -135,7 +139,7 @@ fn parse_args(args: &[String]) -> Result<Options> {
 pub fn bench(root: &Path, args: &[String]) -> Result<()> {
     let o = parse_args(args)?;
     let only = o.only.as_deref();
-    // `--quick` is the scale table's quick subset alone.
+    // `--quick`: the scale table's quick subset and a short NodePort cell.
     let all = only.is_none() && !o.quick;
     if all || only == Some("localstate") {
         run(cargo().args(["bench", "-p", "proxy-userspace", "--bench", "localstate"]))?;
@@ -154,10 +158,74 @@ pub fn bench(root: &Path, args: &[String]) -> Result<()> {
         run(cargo().args(["build", "--bin", "ebpf-kube-proxy"]))?;
         crate::e2e::bench::connect_rate(root)?;
     }
-    if all || o.quick || only == Some("scale") {
-        scale_table(root, &o)?;
+    let with_nodeport = all || o.quick || only == Some("nodeport");
+    let with_scale = all || o.quick || only == Some("scale");
+    if !(with_nodeport || with_scale) {
+        return Ok(());
+    }
+    let dir = RunDir(std::env::temp_dir().join(format!("ekp-bench-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).context("creating the run directory")?;
+    let (daemon_bin, fanout_bin) = match &o.binaries {
+        Some((d, f)) => {
+            let (daemon, fanout) = (dir.0.join("ebpf-kube-proxy"), dir.0.join("watch_fanout"));
+            std::fs::copy(d, &daemon).with_context(|| format!("copying {}", d.display()))?;
+            std::fs::copy(f, &fanout).with_context(|| format!("copying {}", f.display()))?;
+            (daemon, fanout)
+        }
+        None => build_binaries(root, &dir.0)?,
+    };
+    let commit = commit(root);
+    let nodeport = with_nodeport.then(|| nodeport_cell(&daemon_bin, o.quick));
+    if with_scale {
+        scale_table(
+            root,
+            &o,
+            &dir.0,
+            daemon_bin,
+            fanout_bin,
+            &commit,
+            nodeport.as_ref(),
+        )?;
+    } else {
+        let path = write_results(
+            root,
+            &[],
+            &[],
+            &BTreeMap::new(),
+            &commit,
+            o.quick,
+            nodeport.as_ref(),
+        )?;
+        println!("results: {} (and results.md)", path.display());
     }
     Ok(())
+}
+
+/// The NodePort cell: rates through tc, nftables and direct (see
+/// [`nodeport`]), printed with their ratios.
+fn nodeport_cell(daemon_bin: &Path, quick: bool) -> nodeport::NodePortResult {
+    let settings = nodeport::Settings {
+        // Short windows, many rounds: noise from the rest of a shared
+        // machine lands in some rounds, and the median drops them.
+        rounds: if quick { 3 } else { 7 },
+        warmup: Duration::from_millis(if quick { 250 } else { 500 }),
+        window: Duration::from_secs(if quick { 1 } else { 2 }),
+        daemon_bin: daemon_bin.to_owned(),
+    };
+    println!(
+        "==> NodePort from outside the node: direct, tc, nftables; {} interleaved round(s) of {} s windows",
+        settings.rounds,
+        settings.window.as_secs()
+    );
+    let started = Instant::now();
+    let result = nodeport::run(&settings);
+    let (met, missed) = result.verdicts();
+    println!(
+        "\n{}\n{met} NodePort ratios met their goal, {missed} MISSED ({:.0} s)\n",
+        result.markdown(),
+        started.elapsed().as_secs_f64()
+    );
+    result
 }
 
 /// A directory removed on drop: the run's copies of the binaries and the
@@ -214,20 +282,16 @@ fn commit(root: &Path) -> String {
     }
 }
 
-fn scale_table(root: &Path, o: &Options) -> Result<()> {
+fn scale_table(
+    root: &Path,
+    o: &Options,
+    dir: &Path,
+    daemon_bin: PathBuf,
+    fanout_bin: PathBuf,
+    commit: &str,
+    nodeport: Option<&nodeport::NodePortResult>,
+) -> Result<()> {
     let started = Instant::now();
-    let dir = RunDir(std::env::temp_dir().join(format!("ekp-bench-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).context("creating the run directory")?;
-    let (daemon_bin, fanout_bin) = match &o.binaries {
-        Some((d, f)) => {
-            let (daemon, fanout) = (dir.0.join("ebpf-kube-proxy"), dir.0.join("watch_fanout"));
-            std::fs::copy(d, &daemon).with_context(|| format!("copying {}", d.display()))?;
-            std::fs::copy(f, &fanout).with_context(|| format!("copying {}", f.display()))?;
-            (daemon, fanout)
-        }
-        None => build_binaries(root, &dir.0)?,
-    };
-    let commit = commit(root);
     let settings = Settings {
         change_samples: o.changes,
         idle: o.idle,
@@ -255,7 +319,7 @@ fn scale_table(root: &Path, o: &Options) -> Result<()> {
                 scale.label(),
                 nftbase::CAP.as_secs()
             );
-            let b = nftbase::measure(scale, &dir.0).map_err(|e| format!("{e:#}"));
+            let b = nftbase::measure(scale, dir).map_err(|e| format!("{e:#}"));
             match &b {
                 Ok(s) => println!("      {s:.2} s"),
                 Err(e) => println!("      ERROR {e}"),
@@ -272,7 +336,9 @@ fn scale_table(root: &Path, o: &Options) -> Result<()> {
                 );
                 cells.push(scale::run_cell(scale, datapath, source, &settings));
                 // After every cell: a long run stopped halfway keeps its figures.
-                write_results(root, &cells, &o.scales, &baselines, &commit, o.quick)?;
+                write_results(
+                    root, &cells, &o.scales, &baselines, commit, o.quick, nodeport,
+                )?;
             }
         }
     }
@@ -283,7 +349,9 @@ fn scale_table(root: &Path, o: &Options) -> Result<()> {
         "{met} figures met their goal, {missed} MISSED ({:.0} s, commit {commit})",
         started.elapsed().as_secs_f64()
     );
-    let path = write_results(root, &cells, &o.scales, &baselines, &commit, o.quick)?;
+    let path = write_results(
+        root, &cells, &o.scales, &baselines, commit, o.quick, nodeport,
+    )?;
     println!("results: {} (and results.md)", path.display());
     Ok(())
 }
@@ -296,14 +364,25 @@ fn write_results(
     baselines: &BTreeMap<String, Result<f64, String>>,
     commit: &str,
     quick: bool,
+    nodeport: Option<&nodeport::NodePortResult>,
 ) -> Result<PathBuf> {
     let out_dir = crate::paths::target_dir(root).join("bench");
     std::fs::create_dir_all(&out_dir).context("creating target/bench")?;
-    let json = report::json_report(cells, baselines, commit, quick);
+    let mut json = report::json_report(cells, baselines, commit, quick);
+    let mut md = String::new();
+    if let Some(np) = nodeport {
+        json["nodeport"] = np.to_json();
+        md.push_str(&np.markdown());
+    }
+    if !cells.is_empty() {
+        if !md.is_empty() {
+            md.push('\n');
+        }
+        md.push_str(&report::markdown(cells, scales, baselines));
+    }
     let path = out_dir.join("results.json");
     std::fs::write(&path, serde_json::to_string_pretty(&json)? + "\n")
         .with_context(|| format!("writing {}", path.display()))?;
-    let table = report::markdown(cells, scales, baselines);
-    std::fs::write(out_dir.join("results.md"), table).context("writing results.md")?;
+    std::fs::write(out_dir.join("results.md"), md).context("writing results.md")?;
     Ok(path)
 }
