@@ -25,7 +25,7 @@
 use aya_ebpf::{
     bindings::{
         bpf_fib_lookup as FibParams, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
-        BPF_FIB_LOOKUP_SKIP_NEIGH, BPF_F_MARK_MANGLED_0, BPF_F_NO_PREALLOC, BPF_F_PSEUDO_HDR,
+        BPF_FIB_LOOKUP_SKIP_NEIGH, BPF_F_MARK_MANGLED_0, BPF_F_NO_COMMON_LRU, BPF_F_NO_PREALLOC, BPF_F_PSEUDO_HDR, BPF_NOEXIST,
         BPF_F_RECOMPUTE_CSUM, TC_ACT_SHOT,
     },
     helpers::generated::{
@@ -57,7 +57,8 @@ fn count(stat: u32) {
 }
 
 #[map]
-static EKP_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(MAX_CT, 0);
+// Per-CPU LRU lists: a new flow's inserts take no lock shared by the CPUs.
+static EKP_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(MAX_CT, BPF_F_NO_COMMON_LRU);
 
 #[map]
 static EKP_IFACES: HashMap<u32, IfaceValue> = HashMap::pinned(MAX_IFACES, 0);
@@ -461,48 +462,15 @@ fn iface_addr(ifindex: u32, family: u8) -> Option<[u32; 4]> {
     }
 }
 
-/// A source port for the flow as `src` whose reply tuple no other flow
-/// holds: `first` (network order; 0 = none) if free, else one in
-/// `SNAT_PORT_MIN..=SNAT_PORT_MAX`. A client reusing its port towards
-/// another frontend of the same backend gets its port remapped, as
-/// netfilter's NAT would.
-#[inline(never)]
-fn free_port(p: &Pkt, be: &Backend, src: &[u32; 4], first: u16) -> Option<u16> {
-    // SAFETY: helper without arguments.
-    let seed = unsafe { bpf_get_prandom_u32() };
-    let span = (SNAT_PORT_MAX - SNAT_PORT_MIN) as u32 + 1;
-    for i in 0..SNAT_PORT_TRIES + 1 {
-        let port = if i == 0 {
-            first
-        } else {
-            let host = SNAT_PORT_MIN as u32 + seed.wrapping_add(i.wrapping_mul(7919)) % span;
-            (host as u16).to_be()
-        };
-        if port == 0 {
-            continue;
-        }
-        let reply = CtKey {
-            saddr: be.addr,
-            daddr: *src,
-            sport: be.port,
-            dport: port,
-            proto: p.proto,
-            family: p.family,
-            _pad: 0,
-        };
-        if EKP_CT.get_ptr(reply).is_none() {
-            return Some(port);
-        }
-    }
-    None
-}
-
 /// A new flow as picked: where its packets go and as whom.
 struct Flow {
     backend: [u32; 4],
     /// The client, or the node's address with SNAT.
     src: [u32; 4],
     backend_port: u16,
+    /// The source port towards the backend (network order): asked for on
+    /// the way in (the client's own, or 0 for any), the one recorded on the
+    /// way out.
     sport: u16,
     /// `CT_F_REDIRECT` with SNAT, else 0.
     redirect: u8,
@@ -511,12 +479,17 @@ struct Flow {
     now: u64,
 }
 
-/// Records both directions of a new flow in `EKP_CT`, the reply first
-/// (a reply must never find its flow missing).
+/// Records both directions of a new flow in `EKP_CT`, the reply first (a
+/// reply must never find its flow missing). The reply entry is inserted
+/// only where none is (`BPF_NOEXIST`), which also picks the source port:
+/// the one asked for if no other flow's reply holds that tuple, else one
+/// of `SNAT_PORT_MIN..=SNAT_PORT_MAX` (a client reusing its port towards
+/// another frontend of the same backend is remapped, as netfilter's NAT
+/// would). One map operation per try, no lookup before it.
 #[inline(never)]
-fn record(p: &Pkt, f: &Flow) -> bool {
-    // One key and one value, rewritten in place between the two inserts:
-    // this frame sits at the bottom of the deepest call chain.
+fn record(p: &Pkt, f: &mut Flow) -> bool {
+    // One key and one value, rewritten in place between the inserts: this
+    // frame sits at the bottom of the deepest call chain.
     let mut key = CtKey {
         saddr: f.backend,
         daddr: f.src,
@@ -537,9 +510,24 @@ fn record(p: &Pkt, f: &Flow) -> bool {
         backend_id: 0,
         service_id: f.service_id,
     };
-    if EKP_CT.insert(&key, &value, 0).is_err() {
+    // SAFETY: helper without arguments.
+    let seed = unsafe { bpf_get_prandom_u32() };
+    let span = (SNAT_PORT_MAX - SNAT_PORT_MIN) as u32 + 1;
+    let mut recorded = false;
+    for i in 0..SNAT_PORT_TRIES + 1 {
+        if i > 0 || key.dport == 0 {
+            let host = SNAT_PORT_MIN as u32 + seed.wrapping_add(i.wrapping_mul(7919)) % span;
+            key.dport = (host as u16).to_be();
+        }
+        if EKP_CT.insert(&key, &value, BPF_NOEXIST as u64).is_ok() {
+            recorded = true;
+            break;
+        }
+    }
+    if !recorded {
         return false;
     }
+    f.sport = key.dport;
     key.saddr = p.saddr;
     key.daddr = p.daddr;
     key.sport = p.sport;
@@ -589,29 +577,24 @@ fn new_flow(ctx: &TcContext, p: &Pkt, hdr: &ServiceValue, now: u64) -> i32 {
         None => (p.saddr, p.sport, 0),
         Some(snat) => (snat, 0, CT_F_REDIRECT),
     };
-    let Some(sport) = free_port(p, &be, &src, first) else {
-        count(STAT_EXT_UNROUTABLE);
-        return DROP;
-    };
-
-    let flow = Flow {
+    let mut flow = Flow {
         backend: be.addr,
         src,
         backend_port: be.port,
-        sport,
+        sport: first,
         redirect,
         backend_id,
         service_id,
         now,
     };
-    if !record(p, &flow) {
+    if !record(p, &mut flow) {
         count(STAT_EXT_UNROUTABLE);
         return DROP;
     }
     let t = Tuple {
         saddr: src,
         daddr: be.addr,
-        sport,
+        sport: flow.sport,
         dport: be.port,
     };
     translate(ctx, p, &t, redirect)
