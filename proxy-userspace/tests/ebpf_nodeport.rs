@@ -114,50 +114,31 @@ fn build(env: &mut Env) {
     for key in ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"] {
         env.netns.sysctl(&n, key, "1").unwrap();
     }
-    env.ip(CLIENT_NS, &["addr", "add", "192.168.77.2/24", "dev", "c0"]);
-    env.ip(
-        CLIENT_NS,
-        &["addr", "add", "fd77::2/64", "dev", "c0", "nodad"],
-    );
-    env.ip(
-        CLIENT_NS,
-        &["route", "add", "default", "via", "192.168.77.1"],
-    );
-    env.ip(
-        CLIENT_NS,
-        &["-6", "route", "add", "default", "via", "fd77::1"],
-    );
-    env.ip(NODE_NS, &["addr", "add", "192.168.77.1/24", "dev", "n0"]);
-    env.ip(
-        NODE_NS,
-        &["addr", "add", "fd77::1/64", "dev", "n0", "nodad"],
-    );
-    env.ip(NODE_NS, &["addr", "add", "10.77.1.1/24", "dev", "np"]);
-    env.ip(
-        NODE_NS,
-        &["addr", "add", "fd77:1::1/64", "dev", "np", "nodad"],
-    );
-    env.ip(NODE_NS, &["addr", "add", "192.168.78.1/24", "dev", "n1"]);
-    env.ip(
-        NODE_NS,
-        &["route", "add", "10.77.2.0/24", "via", "192.168.78.2"],
-    );
-    env.ip(POD_NS, &["addr", "add", "10.77.1.10/24", "dev", "p0"]);
-    env.ip(
-        POD_NS,
-        &["addr", "add", "fd77:1::10/64", "dev", "p0", "nodad"],
-    );
-    env.ip(POD_NS, &["route", "add", "default", "via", "10.77.1.1"]);
-    env.ip(
-        POD_NS,
-        &["-6", "route", "add", "default", "via", "fd77:1::1"],
-    );
-    env.ip(REMOTE_NS, &["addr", "add", "192.168.78.2/24", "dev", "r0"]);
-    env.ip(REMOTE_NS, &["addr", "add", "10.77.2.10/32", "dev", "lo"]);
-    env.ip(
-        REMOTE_NS,
-        &["route", "add", "default", "via", "192.168.78.1"],
-    );
+    // (namespace, `ip` command): addresses (IPv6 without duplicate
+    // address detection, usable at once) and routes.
+    let config = [
+        (CLIENT_NS, "addr add 192.168.77.2/24 dev c0"),
+        (CLIENT_NS, "addr add fd77::2/64 dev c0 nodad"),
+        (CLIENT_NS, "route add default via 192.168.77.1"),
+        (CLIENT_NS, "-6 route add default via fd77::1"),
+        (NODE_NS, "addr add 192.168.77.1/24 dev n0"),
+        (NODE_NS, "addr add fd77::1/64 dev n0 nodad"),
+        (NODE_NS, "addr add 10.77.1.1/24 dev np"),
+        (NODE_NS, "addr add fd77:1::1/64 dev np nodad"),
+        (NODE_NS, "addr add 192.168.78.1/24 dev n1"),
+        (NODE_NS, "route add 10.77.2.0/24 via 192.168.78.2"),
+        (POD_NS, "addr add 10.77.1.10/24 dev p0"),
+        (POD_NS, "addr add fd77:1::10/64 dev p0 nodad"),
+        (POD_NS, "route add default via 10.77.1.1"),
+        (POD_NS, "-6 route add default via fd77:1::1"),
+        (REMOTE_NS, "addr add 192.168.78.2/24 dev r0"),
+        (REMOTE_NS, "addr add 10.77.2.10/32 dev lo"),
+        (REMOTE_NS, "route add default via 192.168.78.1"),
+    ];
+    for (short, command) in config {
+        let args: Vec<&str> = command.split_whitespace().collect();
+        env.ip(short, &args);
+    }
 }
 
 /// A client in the client namespace.
