@@ -9,10 +9,8 @@
 //! (with only loopback: an echo server on 0.0.0.0 answers every
 //! 127.0.0.0/8 backend), removed by a Drop guard even after a failure.
 
-use std::io::{BufRead, BufReader};
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +18,9 @@ use ebpf_kube_proxy::apply::Applier;
 use ebpf_kube_proxy::datapath::ebpf::{self, generation, loader, EbpfConfig, EbpfDatapath};
 use ebpf_kube_proxy::datapath::{Datapath, DatapathError};
 use ebpf_kube_proxy::model::LocalState;
+
+mod common;
+use common::kernel::{Env, Piped};
 
 #[path = "../benches/common/ebpf_scale.rs"]
 mod scale;
@@ -69,138 +70,44 @@ while not os.path.exists(stop):
 print(json.dumps({"ok": ok, "fail": fail, "errors": errors[:5]}), flush=True)
 "#;
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn run(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Everything one test creates; removed on drop.
-struct Env {
-    netns: String,
-    cgroup: PathBuf,
-    bpffs: PathBuf,
-    children: Vec<Child>,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if let Err(e) = ebpf::cleanup(&self.bpffs) {
-            eprintln!("cleanup of {}: {e}", self.bpffs.display());
-        }
-        for _ in 0..50 {
-            match std::fs::remove_dir(&self.cgroup) {
-                Ok(()) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.netns])
-            .status();
-    }
-}
+/// The test's one namespace.
+const NS: &str = "ns";
 
 /// The test's environment with an echo server running, or `None` (and a
 /// SKIP line) where the kernel test cannot run.
 fn env(tag: &str) -> Option<Env> {
-    if !is_root() {
-        eprintln!("SKIP ebpf_capacity: needs root (cgroups, network namespaces, BPF)");
-        return None;
-    }
-    if !ebpf::object_embedded() {
-        eprintln!("SKIP ebpf_capacity: this build has no eBPF object; run `cargo xtask build-ebpf --release`, then the tests again");
-        return None;
-    }
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let Some(cg_root) = loader::cgroup2_root(&loader::parse_mountinfo(&mountinfo)) else {
-        eprintln!("SKIP ebpf_capacity: no cgroup v2 mount");
-        return None;
-    };
-    let pid = std::process::id();
-    let mut env = Env {
-        netns: format!("ekp-cap-{tag}-{pid}"),
-        cgroup: cg_root.join(format!("ebpf-kube-proxy-cap-{tag}-{pid}")),
-        bpffs: PathBuf::from(format!("/sys/fs/bpf/ebpf-kube-proxy-cap-{tag}-{pid}")),
-        children: vec![],
-    };
-    run(Command::new("ip").args(["netns", "add", &env.netns]));
-    run(Command::new("ip").args(["-n", &env.netns, "link", "set", "lo", "up"]));
-    std::fs::create_dir(&env.cgroup).expect("creating the test cgroup");
-    let mut child = Command::new("nsenter")
-        .arg(env.netns_arg())
-        .args(["python3", "-c", SERVER, &SERVER_PORT.to_string()])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("starting the echo server");
-    let stdout = child.stdout.take().expect("piped stdout");
-    env.children.push(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
+    let mut env = Env::new("ebpf_capacity", &format!("cap-{tag}"))?;
+    env.add_ns(NS);
+    env.serve(NS, SERVER, &[&SERVER_PORT.to_string()]);
     Some(env)
 }
 
-impl Env {
-    fn netns_arg(&self) -> String {
-        format!("--net=/run/netns/{}", self.netns)
-    }
+fn config(env: &Env, map_size: u32) -> EbpfConfig {
+    // No node address is in 0.0.0.0/32: the tc programs attach to no
+    // interface of the machine (this measures the socket hooks).
+    env.config(map_size, &["0.0.0.0/32"])
+}
 
-    fn config(&self, map_size: u32) -> EbpfConfig {
-        EbpfConfig {
-            bpffs_root: self.bpffs.clone(),
-            cgroup_path: Some(self.cgroup.clone()),
-            map_size,
-            // No node address is in 0.0.0.0/32: the tc programs attach to no
-            // interface of the machine (this measures the socket hooks).
-            nodeport_addresses: vec!["0.0.0.0/32".parse().unwrap()],
-        }
-    }
+/// Starts the connect loop against `host:80`; returns once it got a first
+/// answer.
+fn connect_loop(env: &mut Env, host: &str, stop: &Path) -> Piped {
+    let mut cmd = env.python(NS, LOOP);
+    cmd.arg(&env.cgroup).args([host, "80"]).arg(stop);
+    let mut out = env.spawn(cmd);
+    assert_eq!(out.line().trim(), "first", "the loop's first connection");
+    out
+}
 
-    /// Starts the connect loop against `host:80`; returns once it got a
-    /// first answer.
-    fn connect_loop(&mut self, host: &str, stop: &Path) -> BufReader<ChildStdout> {
-        let mut child = Command::new("nsenter")
-            .arg(self.netns_arg())
-            .args(["python3", "-c", LOOP])
-            .arg(&self.cgroup)
-            .args([host, "80"])
-            .arg(stop)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting the connect loop");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        self.children.push(child);
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "first", "the loop's first connection");
-        out
-    }
-
-    /// One connection to `host:80` from the test cgroup: the reply.
-    fn connect(&self, host: &str) -> String {
-        let script = "import os,socket,sys\nopen(sys.argv[1]+'/cgroup.procs','w').write(str(os.getpid()))\ntry:\n s=socket.create_connection((sys.argv[2],80),timeout=3); s.sendall(b'x'); print(s.recv(100).decode())\nexcept OSError as e:\n print('error:', e)\n";
-        let out = Command::new("nsenter")
-            .arg(self.netns_arg())
-            .args(["python3", "-c", script])
-            .arg(&self.cgroup)
-            .arg(host)
-            .output()
-            .expect("running a client");
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
+/// One connection to `host:80` from the test cgroup: the reply.
+fn connect(env: &Env, host: &str) -> String {
+    let script = "import os,socket,sys\nopen(sys.argv[1]+'/cgroup.procs','w').write(str(os.getpid()))\ntry:\n s=socket.create_connection((sys.argv[2],80),timeout=3); s.sendall(b'x'); print(s.recv(100).decode())\nexcept OSError as e:\n print('error:', e)\n";
+    let out = env
+        .python(NS, script)
+        .arg(&env.cgroup)
+        .arg(host)
+        .output()
+        .expect("running a client");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// Service `i` answered by the echo server on these loopback addresses.
@@ -233,7 +140,7 @@ fn a_hundred_thousand_services_with_a_million_endpoints_are_programmed() {
         (services, endpoints)
     );
 
-    let dp = EbpfDatapath::open(&env.config(generation::DEFAULT_MAP_SIZE)).expect("open");
+    let dp = EbpfDatapath::open(&config(&env, generation::DEFAULT_MAP_SIZE)).expect("open");
     let mut dp = Applier::new(Box::new(dp));
     let started = Instant::now();
     dp.apply(&Arc::new(state)).expect("programming 100k/1M");
@@ -249,7 +156,7 @@ fn a_hundred_thousand_services_with_a_million_endpoints_are_programmed() {
             ("EKP_BACKENDS", endpoints)
         ]
     );
-    let reply = env.connect(&scale::vip(sampled).to_string());
+    let reply = connect(&env, &scale::vip(sampled).to_string());
     assert!(reply.starts_with("ok:127.0.0."), "{reply}");
 }
 
@@ -265,28 +172,27 @@ fn pinned_maps_of_a_smaller_capacity_are_replaced_without_a_gap() {
     let vip = scale::vip(7).to_string();
     let services = env.bpffs.join("EKP_SERVICES");
     {
-        let dp = EbpfDatapath::open(&env.config(small)).expect("open small");
+        let dp = EbpfDatapath::open(&config(&env, small)).expect("open small");
         let mut dp = Applier::new(Box::new(dp));
         dp.apply(&Arc::new(state.clone())).expect("apply");
     }
     assert_eq!(max_entries(&services), small);
-    assert!(env.connect(&vip).starts_with("ok:"));
+    assert!(connect(&env, &vip).starts_with("ok:"));
 
     let stop = std::env::temp_dir().join(format!("ekp-cap-swap-{}.stop", std::process::id()));
     let _ = std::fs::remove_file(&stop);
-    let mut out = env.connect_loop(&vip, &stop);
+    let mut out = connect_loop(&mut env, &vip, &stop);
     std::thread::sleep(Duration::from_millis(300));
     let big = 1 << 16;
     let started = Instant::now();
-    let dp = EbpfDatapath::open(&env.config(big)).expect("re-open with a larger map size");
+    let dp = EbpfDatapath::open(&config(&env, big)).expect("re-open with a larger map size");
     eprintln!(
         "maps replaced by a new generation in {:?}",
         started.elapsed()
     );
     std::thread::sleep(Duration::from_millis(300));
     std::fs::write(&stop, b"").unwrap();
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let line = out.line();
     let _ = std::fs::remove_file(&stop);
     let counts: serde_json::Value = serde_json::from_str(&line).expect(&line);
     assert_eq!(
@@ -303,14 +209,14 @@ fn pinned_maps_of_a_smaller_capacity_are_replaced_without_a_gap() {
     let mut dp = Applier::new(Box::new(dp));
     let applied = dp.apply(&Arc::new(state)).expect("apply after the swap");
     assert_eq!(applied.stats.services_changed, 0);
-    assert!(env.connect(&vip).starts_with("ok:"));
+    assert!(connect(&env, &vip).starts_with("ok:"));
 }
 
 #[test]
 fn a_state_that_overflows_a_map_is_refused_and_the_programmed_state_kept() {
     let Some(env) = env("full") else { return };
     let registry = prometheus::Registry::new();
-    let mut raw = EbpfDatapath::open(&env.config(1024)).expect("open");
+    let mut raw = EbpfDatapath::open(&config(&env, 1024)).expect("open");
     raw.register_metrics(&registry).expect("metrics");
     let mut dp = Applier::new(Box::new(raw));
     let s1 = scale::with_service(&scale::state(100, 300), local_service(5, &["127.0.0.1"]));
@@ -343,7 +249,7 @@ fn a_state_that_overflows_a_map_is_refused_and_the_programmed_state_kept() {
         format!("{:?}", before.services)
     );
     assert_eq!(after.backends, before.backends);
-    assert_eq!(env.connect(&scale::vip(5).to_string()), "ok:127.0.0.1");
+    assert_eq!(connect(&env, &scale::vip(5).to_string()), "ok:127.0.0.1");
     let metrics = String::from_utf8(
         prometheus::TextEncoder::new()
             .encode_to_string(&registry.gather())
@@ -363,5 +269,5 @@ fn a_state_that_overflows_a_map_is_refused_and_the_programmed_state_kept() {
     // Without the big service it fits again.
     let s3 = scale::with_service(&s1, local_service(5, &["127.0.0.2"]));
     dp.apply(&Arc::new(s3)).expect("apply what fits");
-    assert_eq!(env.connect(&scale::vip(5).to_string()), "ok:127.0.0.2");
+    assert_eq!(connect(&env, &scale::vip(5).to_string()), "ok:127.0.0.2");
 }

@@ -17,22 +17,17 @@
 //! the node's interfaces there only. All namespaces, pins and the cgroup
 //! are removed on drop.
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::net::IpAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use ebpf_kube_proxy::apply::Applier;
-use ebpf_kube_proxy::datapath::ebpf::{self, EbpfConfig, EbpfDatapath};
-use ebpf_kube_proxy::model::{
-    EndpointConditions, EndpointHints, EndpointPort, EndpointScopes, IpSet, LocalEndpoint,
-    LocalService, LocalServiceType, LocalState, ObjectKey, PortMapping, Protocol, ServiceEndpoints,
-    TrafficPolicy,
-};
+use ebpf_kube_proxy::datapath::ebpf::{self, EbpfDatapath};
+use ebpf_kube_proxy::model::testing;
+use ebpf_kube_proxy::model::{LocalState, Protocol, ServiceEndpoints};
 use serde_json::Value;
-use test_support::netns::{self, Netns};
+use test_support::netns;
+
+mod common;
+use common::kernel::Env;
 
 /// argv: NAME ADDR PORT. TCP and UDP echo: "NAME|PEER|DATA".
 const SERVER: &str = r#"
@@ -102,140 +97,63 @@ const NODE_NS: &str = "node";
 const POD_NS: &str = "pod";
 const REMOTE_NS: &str = "remote";
 
-struct Env {
-    netns: Netns,
-    prefix: String,
-    bpffs: PathBuf,
-    cgroup: PathBuf,
-    children: Vec<Child>,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if let Err(e) = ebpf::cleanup(&self.bpffs) {
-            eprintln!("cleanup of {}: {e}", self.bpffs.display());
-        }
-        let _ = std::fs::remove_dir(&self.cgroup);
+/// The four namespaces of the picture above, wired and addressed.
+fn build(env: &mut Env) {
+    for short in [CLIENT_NS, NODE_NS, POD_NS, REMOTE_NS] {
+        env.add_ns(short);
+    }
+    let (c, n, p, r) = (
+        env.ns(CLIENT_NS),
+        env.ns(NODE_NS),
+        env.ns(POD_NS),
+        env.ns(REMOTE_NS),
+    );
+    env.netns.veth(&c, "c0", &n, "n0").unwrap();
+    env.netns.veth(&p, "p0", &n, "np").unwrap();
+    env.netns.veth(&r, "r0", &n, "n1").unwrap();
+    for key in ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"] {
+        env.netns.sysctl(&n, key, "1").unwrap();
+    }
+    // (namespace, `ip` command): addresses (IPv6 without duplicate
+    // address detection, usable at once) and routes.
+    let config = [
+        (CLIENT_NS, "addr add 192.168.77.2/24 dev c0"),
+        (CLIENT_NS, "addr add fd77::2/64 dev c0 nodad"),
+        (CLIENT_NS, "route add default via 192.168.77.1"),
+        (CLIENT_NS, "-6 route add default via fd77::1"),
+        (NODE_NS, "addr add 192.168.77.1/24 dev n0"),
+        (NODE_NS, "addr add fd77::1/64 dev n0 nodad"),
+        (NODE_NS, "addr add 10.77.1.1/24 dev np"),
+        (NODE_NS, "addr add fd77:1::1/64 dev np nodad"),
+        (NODE_NS, "addr add 192.168.78.1/24 dev n1"),
+        (NODE_NS, "route add 10.77.2.0/24 via 192.168.78.2"),
+        (POD_NS, "addr add 10.77.1.10/24 dev p0"),
+        (POD_NS, "addr add fd77:1::10/64 dev p0 nodad"),
+        (POD_NS, "route add default via 10.77.1.1"),
+        (POD_NS, "-6 route add default via fd77:1::1"),
+        (REMOTE_NS, "addr add 192.168.78.2/24 dev r0"),
+        (REMOTE_NS, "addr add 10.77.2.10/32 dev lo"),
+        (REMOTE_NS, "route add default via 192.168.78.1"),
+    ];
+    for (short, command) in config {
+        let args: Vec<&str> = command.split_whitespace().collect();
+        env.ip(short, &args);
     }
 }
 
-impl Env {
-    fn ns(&self, short: &str) -> String {
-        format!("{}-{short}", self.prefix)
-    }
-
-    fn ip(&self, short: &str, args: &[&str]) {
-        self.netns.ip(&self.ns(short), args).unwrap();
-    }
-
-    fn build() -> Env {
-        let pid = std::process::id();
-        let prefix = format!("ekpnp{pid}");
-        let cg_root = test_support::cgroup2_root().expect("a cgroup v2 mount");
-        let mut env = Env {
-            netns: Netns::default(),
-            bpffs: PathBuf::from(format!("/sys/fs/bpf/ebpf-kube-proxy-nodeport-{pid}")),
-            cgroup: cg_root.join(format!("ebpf-kube-proxy-nodeport-{pid}")),
-            prefix,
-            children: vec![],
-        };
-        std::fs::create_dir(&env.cgroup).expect("creating the test cgroup");
-        for short in [CLIENT_NS, NODE_NS, POD_NS, REMOTE_NS] {
-            let name = env.ns(short);
-            env.netns.add(&name).unwrap();
-        }
-        let (c, n, p, r) = (
-            env.ns(CLIENT_NS),
-            env.ns(NODE_NS),
-            env.ns(POD_NS),
-            env.ns(REMOTE_NS),
-        );
-        env.netns.veth(&c, "c0", &n, "n0").unwrap();
-        env.netns.veth(&p, "p0", &n, "np").unwrap();
-        env.netns.veth(&r, "r0", &n, "n1").unwrap();
-        for key in ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"] {
-            env.netns.sysctl(&n, key, "1").unwrap();
-        }
-        env.ip(CLIENT_NS, &["addr", "add", "192.168.77.2/24", "dev", "c0"]);
-        env.ip(
-            CLIENT_NS,
-            &["addr", "add", "fd77::2/64", "dev", "c0", "nodad"],
-        );
-        env.ip(
-            CLIENT_NS,
-            &["route", "add", "default", "via", "192.168.77.1"],
-        );
-        env.ip(
-            CLIENT_NS,
-            &["-6", "route", "add", "default", "via", "fd77::1"],
-        );
-        env.ip(NODE_NS, &["addr", "add", "192.168.77.1/24", "dev", "n0"]);
-        env.ip(
-            NODE_NS,
-            &["addr", "add", "fd77::1/64", "dev", "n0", "nodad"],
-        );
-        env.ip(NODE_NS, &["addr", "add", "10.77.1.1/24", "dev", "np"]);
-        env.ip(
-            NODE_NS,
-            &["addr", "add", "fd77:1::1/64", "dev", "np", "nodad"],
-        );
-        env.ip(NODE_NS, &["addr", "add", "192.168.78.1/24", "dev", "n1"]);
-        env.ip(
-            NODE_NS,
-            &["route", "add", "10.77.2.0/24", "via", "192.168.78.2"],
-        );
-        env.ip(POD_NS, &["addr", "add", "10.77.1.10/24", "dev", "p0"]);
-        env.ip(
-            POD_NS,
-            &["addr", "add", "fd77:1::10/64", "dev", "p0", "nodad"],
-        );
-        env.ip(POD_NS, &["route", "add", "default", "via", "10.77.1.1"]);
-        env.ip(
-            POD_NS,
-            &["-6", "route", "add", "default", "via", "fd77:1::1"],
-        );
-        env.ip(REMOTE_NS, &["addr", "add", "192.168.78.2/24", "dev", "r0"]);
-        env.ip(REMOTE_NS, &["addr", "add", "10.77.2.10/32", "dev", "lo"]);
-        env.ip(
-            REMOTE_NS,
-            &["route", "add", "default", "via", "192.168.78.1"],
-        );
-        env
-    }
-
-    fn server(&mut self, short: &str, name: &str, addr: &str, port: u16) {
-        let mut child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", self.ns(short)))
-            .args(["python3", "-c", SERVER, name, addr, &port.to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting an echo server");
-        let stdout = child.stdout.take().expect("piped stdout");
-        self.children.push(child);
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready", "echo server {name}");
-    }
-
-    /// A client in the client namespace.
-    fn client(&self, args: &[&str]) -> Value {
-        let out = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", self.ns(CLIENT_NS)))
-            .args(["python3", "-c", CLIENT])
-            .args(args)
-            .output()
-            .expect("running a client");
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "client {args:?}: {e}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
-    }
+/// A client in the client namespace.
+fn client(env: &Env, args: &[&str]) -> Value {
+    let out = env
+        .python(CLIENT_NS, CLIENT)
+        .args(args)
+        .output()
+        .expect("running a client");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "client {args:?}: {e}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 struct Ep {
@@ -244,86 +162,15 @@ struct Ep {
     local: bool,
 }
 
-/// A service with one port `p` (TCP or UDP) `port`, node port
-/// `node_port`; every endpoint serves on its own port; `external` says
-/// which endpoints carry the external scope (eTP).
+/// A NodePort service with one port `p` (TCP or UDP) 80, node port
+/// `node_port`; every endpoint serves on its own port.
 fn service(name: &str, proto: Protocol, node_port: u16, endpoints: &[Ep]) -> ServiceEndpoints {
-    ServiceEndpoints {
-        service: LocalService {
-            key: ObjectKey::new("test", name),
-            uid: String::new(),
-            service_type: LocalServiceType::NodePort,
-            labels: BTreeMap::new(),
-            created: None,
-            cluster_ips: IpSet::default(),
-            external_ips: IpSet::default(),
-            load_balancer_ips: IpSet::default(),
-            ports: vec![PortMapping {
-                name: "p".to_owned(),
-                protocol: proto,
-                port: 80,
-                node_port,
-                target_port: 0,
-                target_port_name: String::new(),
-                app_protocol: String::new(),
-            }],
-            internal_traffic_policy: TrafficPolicy::Cluster,
-            external_traffic_policy: TrafficPolicy::Cluster,
-            session_affinity_timeout: None,
-            health_check_node_port: 0,
-            traffic_distribution: String::new(),
-            load_balancer_source_ranges: vec![],
-        },
-        endpoints: endpoints
-            .iter()
-            .map(|e| LocalEndpoint {
-                ip: e.ip.parse().unwrap(),
-                hostname: String::new(),
-                node_name: if e.local { "n1" } else { "n2" }.to_owned(),
-                zone: String::new(),
-                local: e.local,
-                conditions: EndpointConditions {
-                    ready: true,
-                    serving: true,
-                    terminating: false,
-                },
-                hints: EndpointHints::default(),
-                ports: vec![EndpointPort {
-                    name: "p".to_owned(),
-                    protocol: proto,
-                    port: e.port,
-                    scopes: EndpointScopes {
-                        cluster: true,
-                        local: e.local,
-                        internal: true,
-                        external: true,
-                    },
-                }],
-                target_ref: None,
-            })
-            .collect(),
-        local_ready_endpoints_v4: 0,
-        local_ready_endpoints_v6: 0,
-    }
-}
-
-/// eTP=Local: the external scope holds only the local endpoints.
-fn etp_local(mut se: ServiceEndpoints) -> ServiceEndpoints {
-    se.service.external_traffic_policy = TrafficPolicy::Local;
-    for e in &mut se.endpoints {
-        for p in &mut e.ports {
-            p.scopes.external = e.local;
-        }
-    }
-    se
-}
-
-fn load_balancer(mut se: ServiceEndpoints, lb_ip: &str, ranges: &[&str]) -> ServiceEndpoints {
-    se.service.service_type = LocalServiceType::LoadBalancer;
-    let ip: IpAddr = lb_ip.parse().unwrap();
-    se.service.load_balancer_ips = IpSet::from_ips([ip].iter());
-    se.service.load_balancer_source_ranges = ranges.iter().map(|r| (*r).to_owned()).collect();
-    se
+    let se = testing::service("test", name, &[])
+        .with_ports(&[("p", proto, 80)])
+        .with_node_port(node_port);
+    endpoints
+        .iter()
+        .fold(se, |se, e| se.with_ready_endpoint(e.ip, e.port, e.local))
 }
 
 fn reply(v: &Value) -> (String, String) {
@@ -336,37 +183,20 @@ fn reply(v: &Value) -> (String, String) {
     (name, peer)
 }
 
-fn skip_reason() -> Option<&'static str> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("needs root (network namespaces, BPF)");
-    }
-    if !ebpf::object_embedded() {
-        return Some("this build has no eBPF object; run `cargo xtask build-ebpf --release`");
-    }
-    None
-}
-
 #[test]
 fn node_external_traffic_is_translated_by_the_tc_programs() {
-    if let Some(why) = skip_reason() {
-        eprintln!("SKIP ebpf_nodeport: {why}");
+    let Some(mut env) = Env::new("ebpf_nodeport", "np") else {
         return;
-    }
-    let mut env = Env::build();
-    env.server(POD_NS, "pod", "10.77.1.10", 8080);
-    env.server(POD_NS, "pod6", "fd77:1::10", 8080);
-    env.server(REMOTE_NS, "remote", "10.77.2.10", 8080);
-    env.server(NODE_NS, "node", "192.168.77.1", 9000);
+    };
+    build(&mut env);
+    env.serve(POD_NS, SERVER, &["pod", "10.77.1.10", "8080"]);
+    env.serve(POD_NS, SERVER, &["pod6", "fd77:1::10", "8080"]);
+    env.serve(REMOTE_NS, SERVER, &["remote", "10.77.2.10", "8080"]);
+    env.serve(NODE_NS, SERVER, &["node", "192.168.77.1", "9000"]);
 
     // Everything below reads and attaches in the node namespace only.
     netns::enter(&env.ns(NODE_NS)).unwrap();
-    let config = EbpfConfig {
-        bpffs_root: env.bpffs.clone(),
-        cgroup_path: Some(env.cgroup.clone()),
-        map_size: ebpf::generation::DEFAULT_MAP_SIZE,
-        nodeport_addresses: Vec::new(),
-    };
+    let config = env.config(ebpf::generation::DEFAULT_MAP_SIZE, &[]);
     let mut dp = Applier::new(Box::new(
         EbpfDatapath::open(&config).expect("loading the eBPF datapath"),
     ));
@@ -390,24 +220,16 @@ fn node_external_traffic_is_translated_by_the_tc_programs() {
         service("local-udp", Protocol::Udp, 30053, &[local()]),
         service("remote-tcp", Protocol::Tcp, 30081, &[remote()]),
         service("remote-udp", Protocol::Udp, 30054, &[remote()]),
-        etp_local(service("etp-local", Protocol::Tcp, 30082, &[remote()])),
+        service("etp-local", Protocol::Tcp, 30082, &[remote()]).with_external_policy_local(),
         service("both", Protocol::Tcp, 30083, &[local(), remote()]),
         service("v6", Protocol::Tcp, 30084, &[local6]),
-        {
-            let mut se = service("sticky", Protocol::Tcp, 30087, &[local(), remote()]);
-            se.service.session_affinity_timeout = Some(60);
-            se
-        },
-        load_balancer(
-            service("fw", Protocol::Tcp, 30085, &[local()]),
-            "203.0.113.10",
-            &["198.51.100.0/24"],
-        ),
-        load_balancer(
-            service("open", Protocol::Tcp, 30086, &[local()]),
-            "203.0.113.11",
-            &["192.168.77.0/24"],
-        ),
+        service("sticky", Protocol::Tcp, 30087, &[local(), remote()]).with_affinity(60),
+        service("fw", Protocol::Tcp, 30085, &[local()])
+            .with_load_balancer_ips(&["203.0.113.10"])
+            .with_source_ranges(&["198.51.100.0/24"]),
+        service("open", Protocol::Tcp, 30086, &[local()])
+            .with_load_balancer_ips(&["203.0.113.11"])
+            .with_source_ranges(&["192.168.77.0/24"]),
     ]);
     dp.apply(&Arc::new(state)).expect("apply");
     env.ip(
@@ -416,12 +238,12 @@ fn node_external_traffic_is_translated_by_the_tc_programs() {
     );
 
     // DNAT to a local pod: the client's address is kept.
-    let r = env.client(&["tcp", "192.168.77.1", "30080"]);
+    let r = client(&env, &["tcp", "192.168.77.1", "30080"]);
     assert_eq!(reply(&r), ("pod".into(), "192.168.77.2".into()), "{r}");
     // The node port answers on every node address, here the pod-facing one.
-    let r = env.client(&["tcp", "10.77.1.1", "30080"]);
+    let r = client(&env, &["tcp", "10.77.1.1", "30080"]);
     assert_eq!(reply(&r), ("pod".into(), "192.168.77.2".into()), "{r}");
-    let r = env.client(&["udp", "192.168.77.1", "30053"]);
+    let r = client(&env, &["udp", "192.168.77.1", "30053"]);
     assert_eq!(reply(&r), ("pod".into(), "192.168.77.2".into()), "{r}");
     assert_eq!(
         r["from"][1], 30053,
@@ -430,14 +252,14 @@ fn node_external_traffic_is_translated_by_the_tc_programs() {
 
     // A backend on another node: SNAT to the node's address towards it,
     // reverse NAT of the replies.
-    let r = env.client(&["tcp", "192.168.77.1", "30081"]);
+    let r = client(&env, &["tcp", "192.168.77.1", "30081"]);
     assert_eq!(reply(&r), ("remote".into(), "192.168.78.1".into()), "{r}");
-    let r = env.client(&["udp", "192.168.77.1", "30054"]);
+    let r = client(&env, &["udp", "192.168.77.1", "30054"]);
     assert_eq!(reply(&r), ("remote".into(), "192.168.78.1".into()), "{r}");
     assert_eq!(r["from"][0], "192.168.77.1", "{r}");
 
     // eTP=Local without a local endpoint: dropped (the client times out).
-    let r = env.client(&["tcp", "192.168.77.1", "30082"]);
+    let r = client(&env, &["tcp", "192.168.77.1", "30082"]);
     assert!(
         r["error"].as_str().is_some_and(|e| e.contains("timed out")),
         "{r}"
@@ -445,7 +267,7 @@ fn node_external_traffic_is_translated_by_the_tc_programs() {
 
     // Conntrack: every packet of a connection goes to the backend its
     // first packet picked, while new connections spread.
-    let r = env.client(&["conversation", "192.168.77.1", "30083", "20"]);
+    let r = client(&env, &["conversation", "192.168.77.1", "30083", "20"]);
     let replies: Vec<&str> = r["replies"]
         .as_array()
         .unwrap_or_else(|| panic!("{r}"))
@@ -454,7 +276,7 @@ fn node_external_traffic_is_translated_by_the_tc_programs() {
         .collect();
     assert_eq!(replies.len(), 20, "{r}");
     assert!(replies.iter().all(|b| *b == replies[0]), "{r}");
-    let r = env.client(&["many", "192.168.77.1", "30083", "40"]);
+    let r = client(&env, &["many", "192.168.77.1", "30083", "40"]);
     let mut seen: Vec<&str> = r["replies"]
         .as_array()
         .unwrap_or_else(|| panic!("{r}"))
@@ -467,7 +289,7 @@ fn node_external_traffic_is_translated_by_the_tc_programs() {
 
     // ClientIP affinity: every new connection of this client goes to the
     // backend its first one picked.
-    let r = env.client(&["many", "192.168.77.1", "30087", "20"]);
+    let r = client(&env, &["many", "192.168.77.1", "30087", "20"]);
     let mut sticky: Vec<&str> = r["replies"]
         .as_array()
         .unwrap_or_else(|| panic!("{r}"))
@@ -479,20 +301,20 @@ fn node_external_traffic_is_translated_by_the_tc_programs() {
     assert_eq!(sticky.len(), 1, "{r}");
 
     // IPv6.
-    let r = env.client(&["tcp", "fd77::1", "30084"]);
+    let r = client(&env, &["tcp", "fd77::1", "30084"]);
     assert_eq!(reply(&r), ("pod6".into(), "fd77::2".into()), "{r}");
 
     // loadBalancerSourceRanges on the LB IP.
-    let r = env.client(&["tcp", "203.0.113.10", "80"]);
+    let r = client(&env, &["tcp", "203.0.113.10", "80"]);
     assert!(r["error"].as_str().is_some(), "outside the ranges: {r}");
-    let r = env.client(&["tcp", "203.0.113.11", "80"]);
+    let r = client(&env, &["tcp", "203.0.113.11", "80"]);
     assert_eq!(reply(&r), ("pod".into(), "192.168.77.2".into()), "{r}");
     // The node port of the same service has no ranges (as kube-proxy).
-    let r = env.client(&["tcp", "192.168.77.1", "30085"]);
+    let r = client(&env, &["tcp", "192.168.77.1", "30085"]);
     assert_eq!(reply(&r), ("pod".into(), "192.168.77.2".into()), "{r}");
 
     // Not a service: untouched.
-    let r = env.client(&["tcp", "192.168.77.1", "9000"]);
+    let r = client(&env, &["tcp", "192.168.77.1", "9000"]);
     assert_eq!(reply(&r), ("node".into(), "192.168.77.2".into()), "{r}");
 
     // `dump` reads it all back from the kernel.
@@ -544,6 +366,6 @@ fn node_external_traffic_is_translated_by_the_tc_programs() {
         6,
         "{report:?}"
     );
-    let r = env.client(&["tcp", "192.168.77.1", "30080"]);
+    let r = client(&env, &["tcp", "192.168.77.1", "30080"]);
     assert!(r["error"].as_str().is_some(), "served after cleanup: {r}");
 }

@@ -18,54 +18,20 @@
 //! ECONNABORTED, `getpeername` with ENOTCONN, and `connect` to the VIP
 //! again picks a live backend.
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::IpAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ebpf_kube_proxy::apply::Applier;
-use ebpf_kube_proxy::datapath::ebpf::{self, loader, EbpfConfig, EbpfDatapath};
-use ebpf_kube_proxy::model::{
-    EndpointConditions, EndpointHints, EndpointPort, EndpointScopes, IpSet, LocalEndpoint,
-    LocalService, LocalServiceType, LocalState, ObjectKey, PortMapping, Protocol, ServiceEndpoints,
-    TrafficPolicy,
-};
-use serde_json::Value;
+use ebpf_kube_proxy::datapath::ebpf::{self, EbpfDatapath};
+use ebpf_kube_proxy::model::testing;
+use ebpf_kube_proxy::model::{LocalState, Protocol};
 
-const SERVER: &str = r#"
-import socket, sys, threading
-name, port = sys.argv[1], int(sys.argv[2])
-t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-t.bind(("127.0.0.1", port)); t.listen(16)
-u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("127.0.0.1", port))
-t6 = socket.socket(socket.AF_INET6); t6.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-t6.bind(("::1", port)); t6.listen(16)
-def conn(c):
-    with c:
-        while True:
-            try:
-                d = c.recv(100)
-            except OSError:
-                return
-            if not d:
-                return
-            c.sendall(name.encode() + b":" + d)
-def udp():
-    while True:
-        d, a = u.recvfrom(100)
-        u.sendto(name.encode() + b":" + d, a)
-def accept(l):
-    while True:
-        c, _ = l.accept()
-        threading.Thread(target=conn, args=(c,), daemon=True).start()
-threading.Thread(target=udp, daemon=True).start()
-threading.Thread(target=accept, args=(t6,), daemon=True).start()
-print("ready", flush=True)
-accept(t)
-"#;
+mod common;
+use common::kernel::{Env, LOOPBACK_ECHO};
+
+/// The test's one namespace.
+const NS: &str = "ns";
 
 /// argv: CGROUP_DIR VIP VIP6 DIRECT_PORT. Joins the cgroup, opens the three
 /// sockets, prints their first replies, waits for a line on stdin, then
@@ -113,173 +79,17 @@ attempt("unconnected", lambda: (n.sendto(b"n2", (vip, 53)), n.recv(100).decode()
 print(json.dumps(out), flush=True)
 "#;
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn have(cmd: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {cmd}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn run(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Everything the test creates; removed on drop, also after a failure.
-struct Env {
-    netns: String,
-    cgroup: PathBuf,
-    bpffs: PathBuf,
-    children: Vec<Child>,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if let Err(e) = ebpf::cleanup(&self.bpffs) {
-            eprintln!("cleanup of {}: {e}", self.bpffs.display());
-        }
-        for _ in 0..50 {
-            match std::fs::remove_dir(&self.cgroup) {
-                Ok(()) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.netns])
-            .status();
-    }
-}
-
-impl Env {
-    fn nsenter(&self) -> Command {
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{}", self.netns));
-        cmd
-    }
-
-    fn server(&mut self, name: &str, port: u16) {
-        let mut child = self
-            .nsenter()
-            .args(["python3", "-c", SERVER, name, &port.to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting an echo server");
-        let stdout = child.stdout.take().expect("piped stdout");
-        self.children.push(child);
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("reading from the echo server");
-        assert_eq!(line.trim(), "ready", "echo server {name}");
-    }
-}
-
 /// The services when `port` is the backend's: ClusterIP 10.96.0.10 (TCP
 /// 80, UDP 53) to 127.0.0.1, and fd00:96::10 (TCP 80) to ::1.
 fn state(port: u16) -> LocalState {
     LocalState::new(vec![
-        service(
-            "echo",
-            "10.96.0.10",
-            &[("tcp", Protocol::Tcp, 80), ("dns", Protocol::Udp, 53)],
-            "127.0.0.1",
-            port,
-        ),
-        service(
-            "echo6",
-            "fd00:96::10",
-            &[("tcp", Protocol::Tcp, 80)],
-            "::1",
-            port,
-        ),
+        testing::service("test", "echo", &["10.96.0.10"])
+            .with_ports(&[("tcp", Protocol::Tcp, 80), ("dns", Protocol::Udp, 53)])
+            .with_ready_endpoint("127.0.0.1", port, true),
+        testing::service("test", "echo6", &["fd00:96::10"])
+            .with_ports(&[("tcp", Protocol::Tcp, 80)])
+            .with_ready_endpoint("::1", port, true),
     ])
-}
-
-fn service(
-    name: &str,
-    cluster_ip: &str,
-    ports: &[(&str, Protocol, u16)],
-    endpoint: &str,
-    port: u16,
-) -> ServiceEndpoints {
-    let scopes = EndpointScopes {
-        cluster: true,
-        local: true,
-        internal: true,
-        external: true,
-    };
-    let ip: IpAddr = cluster_ip.parse().unwrap();
-    let v4 = u32::from(ip.is_ipv4());
-    ServiceEndpoints {
-        service: LocalService {
-            key: ObjectKey::new("test", name),
-            uid: String::new(),
-            service_type: LocalServiceType::ClusterIp,
-            labels: BTreeMap::new(),
-            created: None,
-            cluster_ips: IpSet::from_ips([ip].iter()),
-            external_ips: IpSet::default(),
-            load_balancer_ips: IpSet::default(),
-            ports: ports
-                .iter()
-                .map(|(n, protocol, port)| PortMapping {
-                    name: (*n).to_owned(),
-                    protocol: *protocol,
-                    port: *port,
-                    node_port: 0,
-                    target_port: 0,
-                    target_port_name: String::new(),
-                    app_protocol: String::new(),
-                })
-                .collect(),
-            internal_traffic_policy: TrafficPolicy::Cluster,
-            external_traffic_policy: TrafficPolicy::Cluster,
-            session_affinity_timeout: None,
-            health_check_node_port: 0,
-            traffic_distribution: String::new(),
-            load_balancer_source_ranges: vec![],
-        },
-        endpoints: vec![LocalEndpoint {
-            ip: endpoint.parse().unwrap(),
-            hostname: String::new(),
-            node_name: "n1".to_owned(),
-            zone: String::new(),
-            local: true,
-            conditions: EndpointConditions {
-                ready: true,
-                serving: true,
-                terminating: false,
-            },
-            hints: EndpointHints::default(),
-            ports: ports
-                .iter()
-                .map(|(n, protocol, _)| EndpointPort {
-                    name: (*n).to_owned(),
-                    protocol: *protocol,
-                    port,
-                    scopes,
-                })
-                .collect(),
-            target_ref: None,
-        }],
-        local_ready_endpoints_v4: v4,
-        local_ready_endpoints_v6: 1 - v4,
-    }
 }
 
 fn counter(registry: &prometheus::Registry, name: &str) -> Option<f64> {
@@ -294,58 +104,30 @@ fn destroyed(registry: &prometheus::Registry) -> Option<f64> {
     counter(registry, "ebpf_kube_proxy_sockets_destroyed_total")
 }
 
-fn skip(why: &str) {
-    eprintln!("SKIP ebpf_sockdestroy: {why}");
-}
-
 #[test]
 fn sockets_balanced_to_a_removed_backend_are_destroyed_and_direct_ones_kept() {
-    if !is_root() {
-        return skip("needs root (cgroups, network namespaces, BPF)");
-    }
-    if !ebpf::object_embedded() {
-        return skip("this build has no eBPF object; run `cargo xtask build-ebpf --release`, then the tests again");
-    }
-    if !std::fs::read_to_string("/proc/kallsyms").is_ok_and(|k| k.contains(" bpf_sock_destroy")) {
-        return skip("the kernel has no bpf_sock_destroy (6.5 or newer is needed)");
-    }
-    for cmd in ["ip", "nsenter", "python3"] {
-        if !have(cmd) {
-            return skip(&format!("`{cmd}` is not installed"));
-        }
-    }
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let Some(cg_root) = loader::cgroup2_root(&loader::parse_mountinfo(&mountinfo)) else {
-        return skip("no cgroup v2 mount");
+    let Some(mut env) = Env::new("ebpf_sockdestroy", "sockd") else {
+        return;
     };
+    if !std::fs::read_to_string("/proc/kallsyms").is_ok_and(|k| k.contains(" bpf_sock_destroy")) {
+        eprintln!(
+            "SKIP ebpf_sockdestroy: the kernel has no bpf_sock_destroy (6.5 or newer is needed)"
+        );
+        return;
+    }
 
     // The datapath's warnings (a verifier log, say) in the test output.
     let _ = tracing_subscriber::fmt()
         .with_env_filter("warn")
         .with_test_writer()
         .try_init();
-    let pid = std::process::id();
-    let mut env = Env {
-        netns: format!("ekp-sockd-{pid}"),
-        cgroup: cg_root.join(format!("ebpf-kube-proxy-sockd-{pid}")),
-        bpffs: PathBuf::from(format!("/sys/fs/bpf/ebpf-kube-proxy-sockd-{pid}")),
-        children: vec![],
-    };
-    assert_ne!(env.cgroup, cg_root, "never the root cgroup");
-    run(Command::new("ip").args(["netns", "add", &env.netns]));
-    run(Command::new("ip").args(["-n", &env.netns, "link", "set", "lo", "up"]));
-    std::fs::create_dir(&env.cgroup).expect("creating the test cgroup");
-    env.server("a", 8081);
-    env.server("b", 8082);
+    env.add_ns(NS);
+    env.serve(NS, LOOPBACK_ECHO, &["a", "8081"]);
+    env.serve(NS, LOOPBACK_ECHO, &["b", "8082"]);
 
-    let config = EbpfConfig {
-        bpffs_root: env.bpffs.clone(),
-        cgroup_path: Some(env.cgroup.clone()),
-        map_size: ebpf::generation::DEFAULT_MAP_SIZE,
-        // An address no interface has: no tc program on the host's
-        // interfaces (this test is about the socket hooks only).
-        nodeport_addresses: vec!["192.0.2.254/32".parse().unwrap()],
-    };
+    // No node address is in 0.0.0.0/32: no tc program on the machine's
+    // interfaces (this test is about the socket hooks only).
+    let config = env.config(ebpf::generation::DEFAULT_MAP_SIZE, &["0.0.0.0/32"]);
     let mut dp = Applier::new(Box::new(
         EbpfDatapath::open(&config).expect("loading the eBPF datapath"),
     ));
@@ -356,24 +138,11 @@ fn sockets_balanced_to_a_removed_backend_are_destroyed_and_direct_ones_kept() {
     dp.apply(&Arc::new(state(8081)))
         .expect("apply with backend a");
 
-    let mut child = env
-        .nsenter()
-        .args(["python3", "-c", CLIENT])
-        .arg(&env.cgroup)
-        .args(["10.96.0.10", "fd00:96::10", "8081"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("starting the client");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    env.children.push(child);
-    let mut read = || {
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("reading the client");
-        serde_json::from_str::<Value>(&line).unwrap_or_else(|e| panic!("client said {line:?}: {e}"))
-    };
-    let first = read();
+    let mut cmd = env.python(NS, CLIENT);
+    cmd.arg(&env.cgroup)
+        .args(["10.96.0.10", "fd00:96::10", "8081"]);
+    let mut client = env.spawn(cmd);
+    let first = client.json();
     assert_eq!(first["tcp"], "a:t1", "{first}");
     assert_eq!(first["tcp6"], "a:s1", "{first}");
     assert_eq!(first["udp"], "a:u1", "{first}");
@@ -394,8 +163,8 @@ fn sockets_balanced_to_a_removed_backend_are_destroyed_and_direct_ones_kept() {
         Some(0.0)
     );
 
-    writeln!(stdin, "go").expect("waking the client");
-    let after = read();
+    writeln!(client.stdin, "go").expect("waking the client");
+    let after = client.json();
     eprintln!("after the move: {after}");
     // TCP: an error at once, not a hang until the 3 s timeout.
     assert!(after["tcp_errno"].is_i64(), "{after}");

@@ -130,6 +130,85 @@ impl ServiceEndpoints {
         self.endpoints.extend(endpoints);
         self
     }
+
+    /// Replaces the ports with `(name, protocol, port)` each (no target
+    /// port, no NodePort); add endpoints afterwards.
+    pub fn with_ports(mut self, ports: &[(&str, Protocol, u16)]) -> Self {
+        self.service.ports = ports
+            .iter()
+            .map(|(name, protocol, port)| PortMapping {
+                name: (*name).to_owned(),
+                protocol: *protocol,
+                port: *port,
+                node_port: 0,
+                target_port: 0,
+                target_port_name: String::new(),
+                app_protocol: String::new(),
+            })
+            .collect();
+        self
+    }
+
+    /// Appends a ready endpoint at `ip` serving every port of the service
+    /// on `port`. A `local` one runs on this node ("n1", counted as a local
+    /// ready endpoint) and has every scope; another node's ("n2") lacks
+    /// the local scope, as `compute` gives it.
+    pub fn with_ready_endpoint(mut self, ip: &str, port: u16, local: bool) -> Self {
+        let ip: IpAddr = ip.parse().expect("an IP address");
+        let scopes = EndpointScopes {
+            local,
+            ..ALL_SCOPES
+        };
+        let ports = self
+            .service
+            .ports
+            .iter()
+            .map(|p| EndpointPort {
+                name: p.name.clone(),
+                protocol: p.protocol,
+                port,
+                scopes,
+            })
+            .collect();
+        if local {
+            match ip {
+                IpAddr::V4(_) => self.local_ready_endpoints_v4 += 1,
+                IpAddr::V6(_) => self.local_ready_endpoints_v6 += 1,
+            }
+        }
+        self.endpoints.push(LocalEndpoint {
+            ip,
+            node_name: if local { "n1" } else { "n2" }.to_owned(),
+            local,
+            ports,
+            ..endpoint(&ip.to_string(), port, ALL_SCOPES)
+        });
+        self
+    }
+
+    /// Sets ClientIP session affinity with this timeout (seconds).
+    pub fn with_affinity(mut self, timeout_seconds: u32) -> Self {
+        self.service.session_affinity_timeout = Some(timeout_seconds);
+        self
+    }
+
+    /// externalTrafficPolicy=Local: the external scope keeps only the
+    /// endpoints of this node, as `compute` sets it.
+    pub fn with_external_policy_local(mut self) -> Self {
+        self.service.external_traffic_policy = TrafficPolicy::Local;
+        for e in &mut self.endpoints {
+            for p in &mut e.ports {
+                p.scopes.external = e.local;
+            }
+        }
+        self
+    }
+
+    /// Sets loadBalancerSourceRanges.
+    pub fn with_source_ranges(mut self, ranges: &[&str]) -> Self {
+        self.service.load_balancer_source_ranges = ranges.iter().map(|r| (*r).to_owned()).collect();
+        self
+    }
 }
 
 /// A state of `services`, sorted as `compute` sorts it.

@@ -355,6 +355,7 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 pub use test_support::fake_apiserver;
+pub mod kernel;
 pub mod status;
 
 /// A `Watch` from the start (instance 0, rev 0): the stream of frames.
