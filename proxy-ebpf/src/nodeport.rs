@@ -122,30 +122,78 @@ struct Tuple {
     dport: u16,
 }
 
-/// Out of line, so that its temporaries do not stay in the program's own
-/// frame, at the top of every call chain.
+/// Reads packet bytes at an offset from the Ethernet header.
+trait PacketReader {
+    fn get<T: Copy>(&self, off: usize) -> Option<T>;
+}
+
+/// Direct packet access: plain loads, checked against `data_end` (what
+/// the verifier asks). Only the linear part of the packet is there.
+struct Direct {
+    start: usize,
+    end: usize,
+}
+
+impl PacketReader for Direct {
+    #[inline(always)]
+    fn get<T: Copy>(&self, off: usize) -> Option<T> {
+        if self.start + off + core::mem::size_of::<T>() > self.end {
+            return None;
+        }
+        // SAFETY: the bytes were checked to lie within the packet.
+        Some(unsafe { core::ptr::read_unaligned((self.start + off) as *const T) })
+    }
+}
+
+/// `bpf_skb_load_bytes`: also reads headers outside the linear part.
+struct Copied<'a>(&'a TcContext);
+
+impl PacketReader for Copied<'_> {
+    #[inline(always)]
+    fn get<T: Copy>(&self, off: usize) -> Option<T> {
+        self.0.load(off).ok()
+    }
+}
+
+/// The packet's addresses and ports, by direct access (a few loads, the
+/// per-packet cost of traffic that is no service's), or with helper calls
+/// when the headers are not all in the linear part. Out of line, so that
+/// its temporaries do not stay in the program's own frame, at the top of
+/// every call chain.
 #[inline(never)]
 fn parse(ctx: &TcContext) -> Option<Pkt> {
-    let eth_proto = u16::from_be(ctx.load::<u16>(12).ok()?);
+    let direct = Direct {
+        start: ctx.data(),
+        end: ctx.data_end(),
+    };
+    match parse_with(&direct) {
+        Some(p) => Some(p),
+        None => parse_with(&Copied(ctx)),
+    }
+}
+
+#[inline(always)]
+fn parse_with<R: PacketReader>(r: &R) -> Option<Pkt> {
+    let eth_proto = u16::from_be(r.get::<u16>(12)?);
     let (family, proto, l4, saddr, daddr) = if eth_proto == ETH_P_IP {
-        let vihl: u8 = ctx.load(ETH_HLEN).ok()?;
+        let vihl: u8 = r.get(ETH_HLEN)?;
         let ihl = ((vihl & 0x0f) as usize) * 4;
         if vihl >> 4 != 4 || ihl < 20 {
             return None;
         }
         // More-fragments or a fragment offset: not translated.
-        let frag = u16::from_be(ctx.load::<u16>(ETH_HLEN + 6).ok()?);
+        let frag = u16::from_be(r.get::<u16>(ETH_HLEN + 6)?);
         if frag & 0x3fff != 0 {
             return None;
         }
-        let proto: u8 = ctx.load(ETH_HLEN + 9).ok()?;
-        let s: u32 = ctx.load(IPV4_SADDR).ok()?;
-        let d: u32 = ctx.load(IPV4_DADDR).ok()?;
+        let proto: u8 = r.get(ETH_HLEN + 9)?;
+        let s: u32 = r.get(IPV4_SADDR)?;
+        let d: u32 = r.get(IPV4_DADDR)?;
         (FAMILY_V4, proto, ETH_HLEN + ihl, [s, 0, 0, 0], [d, 0, 0, 0])
     } else if eth_proto == ETH_P_IPV6 {
-        let proto: u8 = ctx.load(ETH_HLEN + 6).ok()?;
-        let s: [u32; 4] = ctx.load(IPV6_SADDR).ok()?;
-        let d: [u32; 4] = ctx.load(IPV6_DADDR).ok()?;
+        let proto: u8 = r.get(ETH_HLEN + 6)?;
+        let s: [u32; 4] = r.get(IPV6_SADDR)?;
+        let d: [u32; 4] = r.get(IPV6_DADDR)?;
         (FAMILY_V6, proto, ETH_HLEN + IPV6_HLEN, s, d)
     } else {
         return None;
@@ -153,9 +201,9 @@ fn parse(ctx: &TcContext) -> Option<Pkt> {
     if proto != PROTO_TCP && proto != PROTO_UDP {
         return None;
     }
-    let ports: [u16; 2] = ctx.load(l4).ok()?;
+    let ports: [u16; 2] = r.get(l4)?;
     let tcp_flags = if proto == PROTO_TCP {
-        ctx.load::<u8>(l4 + 13).ok()?
+        r.get::<u8>(l4 + 13)?
     } else {
         0
     };

@@ -40,8 +40,7 @@ const GOAL_TC_OF_DIRECT: f64 = 0.95;
 /// issue 16: tc ≥ nftables.
 const GOAL_TC_OF_NFT: f64 = 1.0;
 /// The tc programs' counter of translated node-external packets.
-const TC_COUNTER: &str =
-    "ebpf_kube_proxy_datapath_external_packets_total{result=\"translated\"}";
+const TC_COUNTER: &str = "ebpf_kube_proxy_datapath_external_packets_total{result=\"translated\"}";
 
 #[derive(Clone, Debug)]
 pub struct Settings {
