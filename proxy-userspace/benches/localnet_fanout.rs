@@ -120,6 +120,7 @@ async fn fan_out(state: LocalState) -> (Duration, Duration) {
             pb::WatchRequest {
                 instance_id: 0,
                 rev: 0,
+                deltas: false,
             },
         )
         .await;

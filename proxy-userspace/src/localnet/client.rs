@@ -229,15 +229,15 @@ impl Watched {
         Ok(())
     }
 
-    /// Reads one whole frame from `stream` and applies it; `false` when
-    /// the stream ended before a frame began.
+    /// Reads one whole frame from `stream` and applies it; its `begin`,
+    /// or `None` when the stream ended before a frame began.
     pub async fn read_frame(
         &mut self,
         stream: &mut tonic::Streaming<pb::WatchEvent>,
-    ) -> Result<bool, ClientError> {
+    ) -> Result<Option<pb::StateBegin>, ClientError> {
         use pb::watch_event::Event;
         let begin = match stream.next().await {
-            None => return Ok(false),
+            None => return Ok(None),
             Some(e) => match e?.event {
                 Some(Event::Begin(b)) => b,
                 other => {
@@ -261,6 +261,6 @@ impl Watched {
             }
         }
         self.apply(&begin, events)?;
-        Ok(true)
+        Ok(Some(begin))
     }
 }

@@ -129,8 +129,9 @@ impl Delta {
                 name: key.name.clone(),
             })),
         };
-        self.changes
-            .push(Change::Removed(prost::Message::encode_to_vec(&event).into()));
+        self.changes.push(Change::Removed(
+            prost::Message::encode_to_vec(&event).into(),
+        ));
     }
 
     /// The delta frame: `begin` (with `base_rev`), the changes, `end`.

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use prost::Message;
 use proptest::prelude::*;
+use prost::Message;
 use proto::localnet::v1 as pb;
 
 use super::*;
@@ -197,9 +197,14 @@ fn a_delta_carries_changed_services_as_the_frames_bytes_and_removed_keys() {
     let b2 = make(2, 2);
     let d = make(6, 1);
     let second = frame_of(5, vec![a, b2.clone(), d.clone()], Some(&first));
-    let delta = second.delta.clone().expect("a delta from the previous frame");
+    let delta = second
+        .delta
+        .clone()
+        .expect("a delta from the previous frame");
     // The changed service's bytes are the frame's, not a copy.
-    assert!(matches!(&delta.changes[0], Change::Upsert(bytes) if bytes.as_ptr() == second.services[1].as_ptr()));
+    assert!(
+        matches!(&delta.changes[0], Change::Upsert(bytes) if bytes.as_ptr() == second.services[1].as_ptr())
+    );
     assert_eq!(
         events(delta.watch_items(9)),
         [
@@ -247,6 +252,9 @@ fn a_delta_on_another_revision_is_refused_and_changes_nothing() {
     let pb::watch_event::Event::Begin(begin) = items.remove(0) else {
         panic!("begin")
     };
-    assert!(w.apply(&begin, items).is_err(), "a delta on rev 2 applied to rev 1");
+    assert!(
+        w.apply(&begin, items).is_err(),
+        "a delta on rev 2 applied to rev 1"
+    );
     assert_eq!(w, before);
 }
