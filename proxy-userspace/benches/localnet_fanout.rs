@@ -155,6 +155,8 @@ async fn fan_out(state: LocalState) -> (Duration, Duration, Duration) {
             times.push(start.elapsed());
         }
     }
+    shutdown.cancel();
+    let _ = server.await;
     for t in [&mut next_times, &mut watch_times, &mut delta_times] {
         t.sort();
     }

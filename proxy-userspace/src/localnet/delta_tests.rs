@@ -37,7 +37,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn make(key: u8, variant: u8) -> Arc<ServiceEndpoints> {
-    let ns = if key % 2 == 0 { "a" } else { "b" };
+    let ns = if key.is_multiple_of(2) { "a" } else { "b" };
     let mut s = service(ns, &format!("svc-{key}"), &[&format!("10.96.0.{variant}")]);
     s.local_ready_endpoints_v4 = u32::from(variant);
     Arc::new(s)
