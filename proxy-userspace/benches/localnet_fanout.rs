@@ -1,8 +1,9 @@
 //! `cargo xtask bench`: a new revision reaching 100 localnet watchers at
 //! 10k services / 100k endpoints and 50k / 250k, over the unix socket.
 //!
-//! Two client styles, 100 of each on their own connections: long-polling
-//! `Next` calls and `Watch` streams. The time is from publishing the
+//! Three client styles, 100 of each on their own connections: long-polling
+//! `Next` calls, `Watch` streams, and `Watch` streams that ask for delta
+//! frames (after the first frame, only the changed service). The time is from publishing the
 //! snapshot until the last of the 100 has its whole new state. Clients
 //! read the messages as bytes without decoding them, so the figure is the
 //! server's fan-out and the transport, not 100 decoders on two cores.
@@ -62,7 +63,7 @@ fn main() {
                 .map(|s| convert::service_endpoints(s).encode_to_vec().len())
                 .sum::<usize>()
         });
-        let (next, watch) = rt.block_on(fan_out(state));
+        let (next, watch, delta) = rt.block_on(fan_out(state));
         report(
             "new rev to 100 Next long-polls",
             next,
@@ -77,11 +78,18 @@ fn main() {
             encode_once,
             TARGET,
         );
+        report(
+            "new rev to 100 delta Watch streams",
+            delta,
+            "encoding the state once",
+            encode_once,
+            TARGET,
+        );
     }
 }
 
-/// (Next, Watch) medians of `RUNS` revisions each.
-async fn fan_out(state: LocalState) -> (Duration, Duration) {
+/// (Next, Watch, delta Watch) medians of `RUNS` revisions each.
+async fn fan_out(state: LocalState) -> (Duration, Duration, Duration) {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("localnet.sock");
     let (tx, rx) = snapshot_channel();
@@ -112,42 +120,51 @@ async fn fan_out(state: LocalState) -> (Duration, Duration) {
         next_times.push(start.elapsed());
     }
 
-    let mut streams = Vec::new();
-    for c in &channels {
-        let mut s = call(
-            c.clone(),
-            "Watch",
-            pb::WatchRequest {
-                instance_id: 0,
-                rev: 0,
-            },
-        )
-        .await;
-        assert_eq!(read_watch_frame(&mut s).await, rev);
-        streams.push(s);
-    }
     let mut watch_times = Vec::new();
-    for _ in 0..RUNS {
-        rev += 1;
-        let start = Instant::now();
-        publish(&tx, rev, &state);
-        let mut readers = JoinSet::new();
-        for mut s in streams.drain(..) {
-            readers.spawn(async move { (read_watch_frame(&mut s).await, s) });
-        }
-        while let Some(r) = readers.join_next().await {
-            let (got, s) = r.expect("join");
-            assert_eq!(got, rev);
+    let mut delta_times = Vec::new();
+    for (deltas, times) in [(false, &mut watch_times), (true, &mut delta_times)] {
+        let mut streams = Vec::new();
+        for c in &channels {
+            let mut s = call(
+                c.clone(),
+                "Watch",
+                pb::WatchRequest {
+                    instance_id: 0,
+                    rev: 0,
+                    deltas,
+                },
+            )
+            .await;
+            assert_eq!(read_watch_frame(&mut s).await, (rev, 0));
             streams.push(s);
         }
-        watch_times.push(start.elapsed());
+        for _ in 0..RUNS {
+            rev += 1;
+            let start = Instant::now();
+            publish(&tx, rev, &state);
+            let mut readers = JoinSet::new();
+            for mut s in streams.drain(..) {
+                readers.spawn(async move { (read_watch_frame(&mut s).await, s) });
+            }
+            while let Some(r) = readers.join_next().await {
+                let (got, s) = r.expect("join");
+                // A delta frame is on the revision before it.
+                assert_eq!(got, (rev, if deltas { rev - 1 } else { 0 }));
+                streams.push(s);
+            }
+            times.push(start.elapsed());
+        }
     }
-    drop(streams);
     shutdown.cancel();
     let _ = server.await;
-    next_times.sort();
-    watch_times.sort();
-    (next_times[RUNS / 2], watch_times[RUNS / 2])
+    for t in [&mut next_times, &mut watch_times, &mut delta_times] {
+        t.sort();
+    }
+    (
+        next_times[RUNS / 2],
+        watch_times[RUNS / 2],
+        delta_times[RUNS / 2],
+    )
 }
 
 /// Publishes `state` as `rev` with one service changed, as the
@@ -199,19 +216,20 @@ fn next_all(channels: &[Channel], rev: u64) -> JoinSet<u64> {
     set
 }
 
-/// Reads begin, the services (as bytes) and end; returns the rev.
-async fn read_watch_frame(s: &mut tonic::Streaming<Bytes>) -> u64 {
+/// Reads begin, the services and removals (as bytes) and end; returns
+/// the rev and the base rev (0: a full frame).
+async fn read_watch_frame(s: &mut tonic::Streaming<Bytes>) -> (u64, u64) {
     use pb::watch_event::Event;
     let event = |b: Bytes| pb::WatchEvent::decode(b).expect("decode").event;
     let Some(Event::Begin(begin)) = event(s.message().await.expect("begin").expect("open")) else {
         panic!("a frame starts with begin");
     };
-    for _ in 0..begin.service_count {
+    for _ in 0..begin.service_count + begin.removed_count {
         s.message().await.expect("service").expect("open");
     }
     let end = event(s.message().await.expect("end").expect("open"));
     assert!(matches!(end, Some(Event::End(_))), "{end:?}");
-    begin.rev
+    (begin.rev, begin.base_rev)
 }
 
 /// A server-streaming call whose answers stay undecoded bytes.

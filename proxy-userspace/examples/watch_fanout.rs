@@ -1,10 +1,13 @@
 //! N localnet `Watch` clients on one daemon, for `cargo xtask bench`: how
 //! long until every watcher holds a new revision.
 //!
-//! `watch_fanout --target unix:PATH|HOST:PORT [--clients N]`
+//! `watch_fanout --target unix:PATH|HOST:PORT [--clients N] [--deltas]`
 //!
 //! Each client opens its own connection and reads whole frames (`begin`,
-//! the services, `end`). Prints `ready R` once every client holds revision
+//! the services, `end`); with `--deltas` it asks for delta frames (the
+//! first frame is still the whole state) and checks that each delta is on
+//! the revision it holds. Clients decode the events but keep no state, so
+//! 100 of them fit in memory at 50k services. Prints `ready R` once every client holds revision
 //! R (the first frame), then `all R T` each time the revision every client
 //! holds rises to R, with T the Unix time (seconds) the last of them
 //! finished reading it.
@@ -13,12 +16,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use ebpf_kube_proxy::localnet::client::{self, Target};
-use proto::localnet::v1::{watch_event::Event, WatchRequest};
+use proto::localnet::v1::watch_event::Event;
 use tokio_stream::StreamExt;
 
-fn parse_args() -> Result<(Target, usize)> {
+fn parse_args() -> Result<(Target, usize, bool)> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (mut target, mut clients) = (None, 100usize);
+    let (mut target, mut clients, mut deltas) = (None, 100usize, false);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = || it.next().context("flag needs a value");
@@ -31,30 +34,34 @@ fn parse_args() -> Result<(Target, usize)> {
                 )
             }
             "--clients" => clients = value()?.parse().context("--clients")?,
+            "--deltas" => deltas = true,
             other => bail!("unknown argument {other}"),
         }
     }
-    Ok((target.context("--target is required")?, clients))
+    Ok((target.context("--target is required")?, clients, deltas))
 }
 
 /// One watcher: sends `(index, rev)` after each complete frame.
 async fn watcher(
     index: usize,
     target: Target,
+    deltas: bool,
     done: tokio::sync::mpsc::UnboundedSender<(usize, u64)>,
 ) -> Result<()> {
     let mut c = client::connect(&target).await?;
-    let mut stream = c
-        .watch(WatchRequest {
-            instance_id: 0,
-            rev: 0,
-        })
-        .await?
-        .into_inner();
+    let mut stream = client::watch(&mut c, 0, 0, deltas).await?;
     let mut rev = 0;
     while let Some(event) = stream.next().await {
         match event?.event {
-            Some(Event::Begin(b)) => rev = b.rev,
+            Some(Event::Begin(b)) => {
+                if b.base_rev != 0 && b.base_rev != rev {
+                    bail!(
+                        "watcher {index}: a delta on {} while holding {rev}",
+                        b.base_rev
+                    );
+                }
+                rev = b.rev
+            }
             // A frame is complete: report it (the main task gone: stop).
             Some(Event::End(_)) if done.send((index, rev)).is_err() => return Ok(()),
             _ => {}
@@ -72,12 +79,12 @@ fn now() -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let (target, clients) = parse_args()?;
+    let (target, clients, deltas) = parse_args()?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..clients {
         let (target, tx) = (target.clone(), tx.clone());
-        tasks.spawn(async move { watcher(i, target, tx).await });
+        tasks.spawn(async move { watcher(i, target, deltas, tx).await });
     }
     drop(tx);
     let mut held = vec![0u64; clients];

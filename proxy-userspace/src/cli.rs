@@ -52,6 +52,7 @@ const WATCH_HELP: &str = "\
 Examples:
   ebpf-kube-proxy localnet watch --once
   ebpf-kube-proxy localnet watch --target unix:/run/ebpf-kube-proxy/localnet.sock -o json
+  ebpf-kube-proxy localnet watch --deltas
 
 Exit status: 0 after --once or when the server ends the stream; 1 when the
 server cannot be reached.";
@@ -172,6 +173,12 @@ pub struct WatchArgs {
     /// Print the first state and exit.
     #[arg(long)]
     pub once: bool,
+
+    /// Follow a delta Watch stream: after the first state only the
+    /// services that changed cross the wire; each state is rebuilt here
+    /// and printed whole, as without this flag.
+    #[arg(long)]
+    pub deltas: bool,
 }
 
 #[cfg(test)]

@@ -42,6 +42,9 @@ fn print(state: &State, args: &ClientArgs) -> anyhow::Result<()> {
 /// errors and resumes with the instance id and revision it holds, so a
 /// restarted daemon (new instance id) sends its full state.
 pub async fn localnet_watch(args: WatchArgs) -> anyhow::Result<()> {
+    if args.deltas {
+        return localnet_watch_deltas(args).await;
+    }
     let target = &args.client.target;
     let (mut instance_id, mut rev) = (0, 0);
     let mut backoff = Duration::from_millis(200);
@@ -62,16 +65,59 @@ pub async fn localnet_watch(args: WatchArgs) -> anyhow::Result<()> {
         .await;
         match attempt {
             Ok(()) => return Ok(()),
-            Err(e) if args.once => {
-                return Err(e).with_context(|| format!("localnet watch {target}"))
+            Err(e) => backoff = retry_or_fail(&args, e, backoff).await?,
+        }
+    }
+}
+
+/// `--deltas`: the same output from a delta `Watch` stream, the state
+/// rebuilt here. A reconnect resumes at the revision held, so a daemon
+/// still at it answers with deltas and another one with its full state.
+async fn localnet_watch_deltas(args: WatchArgs) -> anyhow::Result<()> {
+    let target = &args.client.target;
+    let mut held = client::Watched::default();
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let attempt = async {
+            let mut c = client::connect(target).await?;
+            let mut stream = client::watch(&mut c, held.instance_id, held.rev, true).await?;
+            while held.read_frame(&mut stream).await?.is_some() {
+                print(&held.state(), &args.client)
+                    .map_err(|e| client::ClientError::Protocol(e.to_string()))?;
+                if args.once {
+                    break;
+                }
             }
+            Ok::<(), client::ClientError>(())
+        }
+        .await;
+        match attempt {
+            Ok(()) => return Ok(()),
             Err(e) => {
-                tracing::warn!(%target, error = %e, retry_in = ?backoff, "localnet watch interrupted");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                if matches!(e, client::ClientError::Protocol(_)) {
+                    // What is held no longer fits the stream: start over.
+                    held = client::Watched::default();
+                }
+                backoff = retry_or_fail(&args, e, backoff).await?
             }
         }
     }
+}
+
+/// After a failed attempt: the error with `--once`, else a warning, a
+/// pause of `backoff` and the next (doubled, at most 5 s) pause.
+async fn retry_or_fail(
+    args: &WatchArgs,
+    e: client::ClientError,
+    backoff: Duration,
+) -> anyhow::Result<Duration> {
+    let target = &args.client.target;
+    if args.once {
+        return Err(e).with_context(|| format!("localnet watch {target}"));
+    }
+    tracing::warn!(%target, error = %e, retry_in = ?backoff, "localnet watch interrupted");
+    tokio::time::sleep(backoff).await;
+    Ok((backoff * 2).min(Duration::from_secs(5)))
 }
 
 /// Shows what is programmed: the eBPF maps pinned under `--bpffs-root`

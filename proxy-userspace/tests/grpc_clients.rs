@@ -118,6 +118,114 @@ fn grpcio_with_default_options_reads_both_apis_over_their_unix_sockets() {
     assert_eq!(strings(&r["watch"]), ["default/web-0"], "{r}");
 }
 
+/// grpcio with default options asks for delta frames (the extension in
+/// localnet.proto) over both sockets: its first frame is the whole state,
+/// then only changes, and the state it rebuilds after a service is added,
+/// one changed and one removed is the one `Next` returns.
+#[test]
+fn grpcio_rebuilds_the_state_from_delta_frames_on_both_sockets() {
+    use std::io::BufRead;
+    let d = Daemon::start_in(cluster(), &[]);
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut variant = 0;
+    for target in [unix_target(&d.socket), d.addr.to_string()] {
+        variant += 1;
+        // The state to end at: web changed, api added, db (from the last
+        // round) gone; written after the client holds its first frame.
+        let ip = format!("10.0.0.{}", variant + 1);
+        let want = [
+            "default/api=10.0.1.1".to_owned(),
+            format!("default/web={ip}"),
+        ];
+        let mut child = Command::new(python())
+            .arg(here.join("tests/python/grpc_clients.py"))
+            .arg(d.dir.path().join("py-stubs"))
+            .arg(here.join("../proto"))
+            .args(["localnet-deltas", &target])
+            .args(&want)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("running the Python client");
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut ready = String::new();
+        out.read_line(&mut ready).unwrap();
+        assert!(ready.contains("\"ready\""), "{target}: {ready:?}");
+        write_atomic(&d.manifest("eps.yaml"), &slice("default", "web", &[&ip]));
+        write_atomic(
+            &d.manifest("api.yaml"),
+            &format!(
+                "{}---\n{}",
+                service("default", "api", "10.96.0.11"),
+                slice("default", "api", &["10.0.1.1"])
+            ),
+        );
+        let _ = std::fs::remove_file(d.manifest("db.yaml"));
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+        assert!(child.wait().unwrap().success(), "{target}: {rest}");
+        let r: Value = serde_json::from_str(&rest).expect("JSON from the Python client");
+        assert!(r.get("error").is_none(), "{target}: {r}");
+        let frames = r["frames"].as_array().unwrap();
+        assert_eq!(frames[0]["base_rev"], 0, "{target}: {r}");
+        assert!(frames.len() >= 2, "{target}: {r}");
+        for pair in frames.windows(2) {
+            assert_eq!(pair[1]["base_rev"], pair[0]["rev"], "{target}: {r}");
+        }
+        let next = rt.block_on(async {
+            let mut c = d.tcp().await;
+            ebpf_kube_proxy::localnet::client::next(&mut c, 0, 0)
+                .await
+                .unwrap()
+        });
+        let from_next: serde_json::Map<String, Value> = next
+            .services
+            .iter()
+            .map(|s| {
+                let svc = s.service.as_ref().unwrap();
+                let ips: Vec<Value> = s.endpoints.iter().map(|e| e.ip.clone().into()).collect();
+                (format!("{}/{}", svc.namespace, svc.name), ips.into())
+            })
+            .collect();
+        assert_eq!(r["state"], Value::Object(from_next), "{target}: {r}");
+        assert_eq!(r["state"]["default/web"][0], ip.as_str(), "{target}: {r}");
+        // Next round: db added, so that a removal is part of it.
+        write_atomic(
+            &d.manifest("db.yaml"),
+            &format!(
+                "{}---\n{}",
+                service("default", "db", "10.96.0.12"),
+                slice("default", "db", &["10.0.2.1"])
+            ),
+        );
+        std::fs::remove_file(d.manifest("api.yaml")).unwrap();
+        rt.block_on(async {
+            let mut c = d.tcp().await;
+            let mut s = ebpf_kube_proxy::localnet::client::next(&mut c, 0, 0)
+                .await
+                .unwrap();
+            for _ in 0..100 {
+                let names: Vec<_> = s
+                    .services
+                    .iter()
+                    .map(|s| s.service.as_ref().unwrap().name.as_str())
+                    .collect();
+                if names == ["db", "web"] {
+                    return;
+                }
+                s = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    ebpf_kube_proxy::localnet::client::next(&mut c, s.instance_id, s.rev),
+                )
+                .await
+                .expect("db added and api removed within 10 s")
+                .unwrap();
+            }
+            panic!("db added and api removed: never seen");
+        });
+    }
+}
+
 #[test]
 fn reflection_lists_each_servers_services_and_describes_messages_with_comments() {
     let d = Daemon::start_in(cluster(), &[]);

@@ -111,6 +111,7 @@ async fn a_dropped_watch_and_410_gone_relist_without_partial_state() {
         .watch(proto::localnet::v1::WatchRequest {
             instance_id: s.instance_id,
             rev: s.rev,
+            deltas: false,
         })
         .await
         .unwrap()

@@ -269,6 +269,7 @@ async fn watch_sends_one_full_frame_per_revision() {
         .watch(pb::WatchRequest {
             instance_id: s.instance_id,
             rev: s.rev,
+            deltas: false,
         })
         .await
         .unwrap()

@@ -74,12 +74,12 @@ async fn watch_frame(
     (begin, services)
 }
 
-/// 50 `Watch` streams and 50 `Next` long polls, each on its own connection
-/// (half TCP, half unix), wait on the current revision; one endpoint
-/// changes; every one of the 100 gets the new revision, the very state
-/// that a fresh `Next` returns (within a minute).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hundred_watchers_get_the_same_new_revision() {
+/// One test at a time: 100 clients and a daemon each already load two
+/// cores, and two such runs side by side have lost connections.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The daemon on the whole cluster, and its first state holding it all.
+async fn start() -> (Daemon, State) {
     let files: Vec<(String, String)> = (0..SERVICES / PER_FILE)
         .map(|n| (format!("fan-{n}.yaml"), cluster_file(n, 1)))
         .collect();
@@ -100,7 +100,17 @@ async fn a_hundred_watchers_get_the_same_new_revision() {
         .unwrap_or_else(|_| panic!("never all {SERVICES} services:\n{}", d.log_text()))
         .unwrap();
     }
+    (d, first)
+}
 
+/// 50 `Watch` streams and 50 `Next` long polls, each on its own connection
+/// (half TCP, half unix), wait on the current revision; one endpoint
+/// changes; every one of the 100 gets the new revision, the very state
+/// that a fresh `Next` returns (within a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_watchers_get_the_same_new_revision() {
+    let _serial = SERIAL.lock().await;
+    let (d, first) = start().await;
     let mut waiters = tokio::task::JoinSet::new();
     for i in 0..100 {
         let mut c = if i % 4 < 2 {
@@ -174,4 +184,57 @@ async fn a_hundred_watchers_get_the_same_new_revision() {
         "the last of 100 watchers got the revision {:?} after the change",
         last - changed
     );
+}
+
+/// 100 `Watch` streams that ask for deltas (half TCP, half unix) hold the
+/// current revision; one endpoint changes; each gets a delta of one
+/// service on the revision it holds and rebuilds the very state a fresh
+/// `Next` returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_delta_watchers_rebuild_the_same_new_revision() {
+    let _serial = SERIAL.lock().await;
+    let (d, first) = start().await;
+    let mut waiters = tokio::task::JoinSet::new();
+    for i in 0..100 {
+        let mut c = if i % 2 == 0 {
+            d.tcp().await
+        } else {
+            d.unix().await
+        };
+        let mut stream = client::watch(&mut c, 0, 0, true).await.unwrap();
+        let mut held = client::Watched::default();
+        let begin = held.read_frame(&mut stream).await.unwrap().unwrap();
+        assert_eq!((begin.rev, begin.base_rev), (first.rev, 0));
+        assert_eq!(held.state(), first);
+        waiters.spawn(async move {
+            let begin = held.read_frame(&mut stream).await.unwrap().unwrap();
+            (begin, held.state())
+        });
+    }
+    write_atomic(&d.manifest("fan-0.yaml"), &cluster_file(0, 2));
+    let mut received = Vec::new();
+    let all = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(r) = waiters.join_next().await {
+            received.push(r.unwrap());
+        }
+    })
+    .await;
+    assert!(
+        all.is_ok(),
+        "only {} of 100 delta watchers got the new revision",
+        received.len()
+    );
+    let now = client::next(&mut d.tcp().await, 0, 0).await.unwrap();
+    assert_eq!(now.rev, first.rev + 1);
+    for (begin, state) in received {
+        assert_eq!(
+            (begin.base_rev, begin.service_count, begin.removed_count),
+            (first.rev, 1, 0),
+            "a delta of the one changed service"
+        );
+        assert!(
+            state == now,
+            "a delta watcher rebuilt another state than Next returns"
+        );
+    }
 }

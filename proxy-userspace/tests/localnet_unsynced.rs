@@ -46,6 +46,7 @@ async fn nothing_is_returned_before_the_source_has_synced() {
             .watch(pb::WatchRequest {
                 instance_id: 0,
                 rev: 0,
+                deltas: false,
             })
             .await?
             .into_inner();

@@ -1,7 +1,9 @@
 //! Client side of the localnet API, used by `ebpf-kube-proxy localnet watch`
 //! and `dump`: connect over TCP or a unix socket, long-poll `Next`, resume
-//! with the (instance id, rev) received, like KPNG's client library.
+//! with the (instance id, rev) received, like KPNG's client library; or
+//! follow a delta `Watch` stream and rebuild the state from its frames.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
@@ -118,4 +120,147 @@ pub async fn next(
         }
     }
     state.ok_or_else(|| ClientError::Protocol("stream ended without a `next` item".to_owned()))
+}
+
+/// Opens a `Watch` stream, resuming at (instance_id, rev); `deltas` asks
+/// for delta frames after the first.
+pub async fn watch(
+    client: &mut EndpointsClient<Channel>,
+    instance_id: u64,
+    rev: u64,
+    deltas: bool,
+) -> Result<tonic::Streaming<pb::WatchEvent>, ClientError> {
+    let request = pb::WatchRequest {
+        instance_id,
+        rev,
+        deltas,
+    };
+    Ok(client.watch(request).await?.into_inner())
+}
+
+/// The state a `Watch` stream has brought, full or delta frames alike.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Watched {
+    pub instance_id: u64,
+    pub rev: u64,
+    /// By (namespace, name): the §6.2 order.
+    services: BTreeMap<(String, String), pb::ServiceEndpoints>,
+}
+
+fn key_of(s: &pb::ServiceEndpoints) -> (String, String) {
+    s.service
+        .as_ref()
+        .map(|s| (s.namespace.clone(), s.name.clone()))
+        .unwrap_or_default()
+}
+
+impl Watched {
+    /// The whole state, as `Next` returns it.
+    pub fn state(&self) -> State {
+        State {
+            instance_id: self.instance_id,
+            rev: self.rev,
+            services: self.services.values().cloned().collect(),
+        }
+    }
+
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+
+    /// Applies one frame: `begin` and the events up to (without) `end`.
+    /// Nothing changes when the frame does not fit what is held (a delta
+    /// on another revision, counts that do not match, a removal of a
+    /// service not held).
+    pub fn apply(
+        &mut self,
+        begin: &pb::StateBegin,
+        events: impl IntoIterator<Item = pb::watch_event::Event>,
+    ) -> Result<(), ClientError> {
+        use pb::watch_event::Event;
+        let full = begin.base_rev == 0;
+        if !full && (begin.instance_id, begin.base_rev) != (self.instance_id, self.rev) {
+            return Err(ClientError::Protocol(format!(
+                "a delta on revision {} of instance {:#x}, holding revision {} of {:#x}",
+                begin.base_rev, begin.instance_id, self.rev, self.instance_id
+            )));
+        }
+        // Checked whole before anything changes: a delta is applied in
+        // place (no copy of the state per frame), a full frame replaces.
+        let (mut upserts, mut removed) = (Vec::new(), Vec::new());
+        for event in events {
+            match event {
+                Event::Service(s) => upserts.push(s),
+                Event::Removed(k) if !full => {
+                    let key = (k.namespace, k.name);
+                    if !self.services.contains_key(&key) {
+                        return Err(ClientError::Protocol(format!(
+                            "removed {}/{}, which is not held",
+                            key.0, key.1
+                        )));
+                    }
+                    removed.push(key);
+                }
+                other => {
+                    return Err(ClientError::Protocol(format!(
+                        "unexpected event {other:?} inside a frame"
+                    )))
+                }
+            }
+        }
+        let counts = (upserts.len(), removed.len());
+        if counts != (begin.service_count as usize, begin.removed_count as usize) {
+            return Err(ClientError::Protocol(format!(
+                "frame of revision {} announced {} services and {} removals, carried {} and {}",
+                begin.rev, begin.service_count, begin.removed_count, counts.0, counts.1
+            )));
+        }
+        if full {
+            self.services.clear();
+        }
+        for key in &removed {
+            self.services.remove(key);
+        }
+        for s in upserts {
+            self.services.insert(key_of(&s), s);
+        }
+        self.instance_id = begin.instance_id;
+        self.rev = begin.rev;
+        Ok(())
+    }
+
+    /// Reads one whole frame from `stream` and applies it; its `begin`,
+    /// or `None` when the stream ended before a frame began.
+    pub async fn read_frame(
+        &mut self,
+        stream: &mut tonic::Streaming<pb::WatchEvent>,
+    ) -> Result<Option<pb::StateBegin>, ClientError> {
+        use pb::watch_event::Event;
+        let begin = match stream.next().await {
+            None => return Ok(None),
+            Some(e) => match e?.event {
+                Some(Event::Begin(b)) => b,
+                other => {
+                    return Err(ClientError::Protocol(format!(
+                        "a frame must start with `begin`, got {other:?}"
+                    )))
+                }
+            },
+        };
+        let mut events = Vec::new();
+        loop {
+            match stream.next().await.transpose()?.map(|e| e.event) {
+                Some(Some(Event::End(_))) => break,
+                Some(Some(e)) => events.push(e),
+                Some(None) => return Err(ClientError::Protocol("an empty event".to_owned())),
+                None => {
+                    return Err(ClientError::Protocol(
+                        "the stream ended inside a frame".to_owned(),
+                    ))
+                }
+            }
+        }
+        self.apply(&begin, events)?;
+        Ok(Some(begin))
+    }
 }

@@ -5,7 +5,8 @@
 //!
 //! The model shares an unchanged service between states (the same `Arc`),
 //! so a frame reuses the previous frame's bytes for it: a revision costs
-//! encoding the services that changed.
+//! encoding the services that changed. The frame also holds the delta
+//! from the previous frame for delta watchers (`super::delta`), made once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,8 +17,9 @@ use proto::localnet::v1 as pb;
 use tonic::Status;
 
 use super::convert;
+use super::delta::Delta;
 use super::wire::Encoded;
-use crate::model::ServiceEndpoints;
+use crate::model::{ObjectKey, ServiceEndpoints};
 use crate::snapshot::Snapshot;
 
 /// One revision: its number and its services, each encoded.
@@ -27,7 +29,10 @@ pub struct Frame {
     pub services: Vec<Bytes>,
     /// The model's services the bytes were made from, same order. Held so
     /// that their addresses identify them while this frame lives.
-    sources: Vec<Arc<ServiceEndpoints>>,
+    pub(super) sources: Vec<Arc<ServiceEndpoints>>,
+    /// The change from the previous frame, shared by every delta watcher
+    /// that holds that one. `None` for the first frame.
+    pub delta: Option<Arc<Delta>>,
 }
 
 impl Frame {
@@ -49,11 +54,24 @@ impl Frame {
                 None => Bytes::from(convert::service_endpoints(svc).encode_to_vec()),
             })
             .collect();
-        Frame {
+        let mut frame = Frame {
             rev: s.rev,
             services,
             sources: s.state.services.clone(),
+            delta: None,
+        };
+        if let Some(p) = previous.filter(|p| p.rev >= 1) {
+            let changed = s.changed_since(Some(p.rev));
+            frame.delta = Some(Arc::new(Delta::between(p, &frame, changed)));
         }
+        frame
+    }
+
+    /// Where the service `key` is in this frame.
+    pub(super) fn position(&self, key: &ObjectKey) -> Option<usize> {
+        self.sources
+            .binary_search_by(|s| s.service.key.cmp(key))
+            .ok()
     }
 
     /// A `Next` answer: the `next` item, then every service.
@@ -81,6 +99,7 @@ impl Frame {
             instance_id,
             rev: self.rev,
             service_count: u32::try_from(self.services.len()).unwrap_or(u32::MAX),
+            ..Default::default()
         }));
         let end = event(Event::End(pb::StateEnd {}));
         std::iter::once(begin)
@@ -202,7 +221,8 @@ mod tests {
                 Some(Event::Begin(pb::StateBegin {
                     instance_id: 9,
                     rev: 3,
-                    service_count: 1
+                    service_count: 1,
+                    ..Default::default()
                 })),
                 Some(Event::Service(api)),
                 Some(Event::End(pb::StateEnd {})),

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod convert;
+pub mod delta;
 pub mod frame;
 pub mod metrics;
 pub mod render;

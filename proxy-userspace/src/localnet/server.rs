@@ -2,7 +2,8 @@
 //!
 //! Every published [`Snapshot`] is converted and encoded once into a
 //! [`Frame`] shared by all clients. `Next` long-polls on the frame
-//! channel; `Watch` streams one complete frame per revision.
+//! channel; `Watch` streams one complete frame per revision, or after the
+//! first only the changes to clients that ask for deltas.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tonic::{Request, Response, Status};
 
+use super::delta::Delta;
 pub use super::frame::Frame;
 use super::metrics::{LocalnetMetrics, OpenCall};
 use super::wire::{Encoded, EncodedStream, Endpoints, EndpointsServer, SERVICE_NAME};
@@ -208,16 +210,31 @@ impl Endpoints for LocalnetService {
     /// a watcher that does not read holds one shared frame and what tonic
     /// and its window buffer, and when it reads again it skips to the
     /// newest revision instead of being replayed every one it missed.
+    ///
+    /// A client that asks for deltas gets, after its first frame, the
+    /// newest frame's shared delta when it holds the frame before it, and
+    /// otherwise (it skipped revisions) a delta of its own from the frame
+    /// it last received, which its call keeps for that purpose.
     async fn watch(
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<EncodedStream>, Status> {
-        let pb::WatchRequest { instance_id, rev } = request.into_inner();
+        let pb::WatchRequest {
+            instance_id,
+            rev,
+            deltas,
+        } = request.into_inner();
+        // A delta client resuming at the current revision is sent no full
+        // frame (SPEC §6.3): its first frame is a delta from that one.
+        let held = Some(self.frames.borrow().clone())
+            .filter(|f| deltas && instance_id == self.instance_id && f.rev == rev && rev >= 1);
         let call = WatchCall {
             api: self.clone(),
             frames: self.frames.clone(),
             client: Some((instance_id, rev)),
             sent_rev: None,
+            deltas,
+            held,
             code: tonic::Code::Cancelled,
             _open: self.open("Watch"),
         };
@@ -225,8 +242,8 @@ impl Endpoints for LocalnetService {
             let mut call = call?;
             match call.next_frame().await {
                 Ok(frame) => {
-                    let items = frame.watch_items(call.api.instance_id);
-                    Some((Box::new(items) as FrameItems, Some(call)))
+                    let items = call.items(frame);
+                    Some((items, Some(call)))
                 }
                 Err(status) => {
                     call.code = status.code();
@@ -250,6 +267,11 @@ struct WatchCall {
     /// frame is sent.
     client: Option<(u64, u64)>,
     sent_rev: Option<u64>,
+    /// The client asked for delta frames.
+    deltas: bool,
+    /// Delta clients: the frame the client holds, the base of its next
+    /// delta.
+    held: Option<Arc<Frame>>,
     code: tonic::Code,
     _open: Option<OpenCall>,
 }
@@ -270,6 +292,19 @@ impl WatchCall {
         };
         self.sent_rev = Some(frame.rev);
         Ok(frame)
+    }
+
+    /// The events that bring the client to `frame`.
+    fn items(&mut self, frame: Arc<Frame>) -> FrameItems {
+        let id = self.api.instance_id;
+        if !self.deltas {
+            return Box::new(frame.watch_items(id));
+        }
+        let held = self.held.replace(frame.clone());
+        match held {
+            None => Box::new(frame.watch_items(id)),
+            Some(h) => Box::new(Delta::for_watcher(&h, &frame).watch_items(id)),
+        }
     }
 }
 

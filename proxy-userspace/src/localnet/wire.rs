@@ -234,6 +234,7 @@ mod tests {
                 instance_id: 7,
                 rev: 3,
                 service_count: 2,
+                ..Default::default()
             })),
         };
         assert_eq!(written(&Encoded::message(&begin)), begin.encode_to_vec());

@@ -365,6 +365,7 @@ pub async fn watch_all(
     c.watch(proto::localnet::v1::WatchRequest {
         instance_id: 0,
         rev: 0,
+        deltas: false,
     })
     .await
     .unwrap()

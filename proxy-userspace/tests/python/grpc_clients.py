@@ -48,6 +48,45 @@ def localnet(target):
                 "watch_services": watched}
 
 
+def localnet_deltas(target, *want):
+    """A delta Watch: prints {"ready": REV} after the first (full) frame,
+    then applies frames until the services are exactly `want`, each
+    "namespace/name=IP" with IP among its endpoints; returns the frames'
+    heads and the rebuilt state."""
+    from localnet.v1 import localnet_pb2 as pb, localnet_pb2_grpc as rpc
+    with grpc.insecure_channel(target) as ch:
+        stub = rpc.EndpointsStub(ch)
+        watch = stub.Watch(pb.WatchRequest(deltas=True), timeout=30)
+        want = dict(w.split("=") for w in want)
+        state, frames = {}, []
+
+        def done():
+            return sorted(state) == sorted(want) and all(
+                ip in [e.ip for e in state[k].endpoints] for k, ip in want.items())
+        while not frames or not done():
+            begin = next(watch).begin
+            if begin.base_rev == 0:
+                state = {}
+            elif not frames or begin.base_rev != frames[-1]["rev"]:
+                raise SystemExit(f"a delta on {begin.base_rev} after {frames}")
+            for ev in watch:
+                kind = ev.WhichOneof("event")
+                if kind == "end":
+                    break
+                if kind == "service":
+                    svc = ev.service.service
+                    state[f"{svc.namespace}/{svc.name}"] = ev.service
+                elif kind == "removed":
+                    del state[f"{ev.removed.namespace}/{ev.removed.name}"]
+            frames.append({"rev": begin.rev, "base_rev": begin.base_rev,
+                           "services": begin.service_count, "removed": begin.removed_count})
+            if len(frames) == 1:
+                print(json.dumps({"ready": begin.rev}), flush=True)
+        watch.cancel()
+        return {"frames": frames,
+                "state": {k: [e.ip for e in v.endpoints] for k, v in sorted(state.items())}}
+
+
 def podinfo(target, namespace, name):
     from podinfo.v1alpha1 import podinfo_pb2 as pb, podinfo_pb2_grpc as rpc
     with grpc.insecure_channel(target) as ch:
@@ -98,7 +137,7 @@ def health(target, *services):
 def main():
     stubs, proto_root, command, target, *args = sys.argv[1:]
     generate_stubs(stubs, proto_root)
-    commands = {"localnet": localnet, "podinfo": podinfo,
+    commands = {"localnet": localnet, "localnet-deltas": localnet_deltas, "podinfo": podinfo,
                 "reflection": reflection, "health": health}
     try:
         result = commands[command](target, *args)

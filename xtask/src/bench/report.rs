@@ -111,10 +111,16 @@ fn rows(datapath: &str, source: Source) -> Vec<Row> {
             value: |c| c.peak_rss_mib.clone(),
         },
         Row {
-            figure: "localnet: 100 watchers get a new revision",
+            figure: "localnet: 100 watchers get a new revision, full frames",
             unit: "ms",
             goal: Some(500.0),
             value: |c| c.fanout_ms.clone(),
+        },
+        Row {
+            figure: "localnet: 100 watchers get a new revision, delta Watch",
+            unit: "ms",
+            goal: Some(500.0),
+            value: |c| c.fanout_delta_ms.clone(),
         },
     ];
     if datapath != "none" {

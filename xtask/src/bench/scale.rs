@@ -70,6 +70,8 @@ pub struct CellResult {
     pub idle_cpu_pct: Result<f64, String>,
     pub peak_rss_mib: Result<f64, String>,
     pub fanout_ms: Result<f64, String>,
+    /// The same with watchers that ask for delta frames.
+    pub fanout_delta_ms: Result<f64, String>,
     pub restart: Result<Restart, String>,
 }
 
@@ -153,6 +155,7 @@ pub fn run_cell(
         idle_cpu_pct: skipped("not reached"),
         peak_rss_mib: skipped("not reached"),
         fanout_ms: skipped("not reached"),
+        fanout_delta_ms: skipped("not reached"),
         restart: skipped("not reached"),
     };
     let mut bed = match Bed::new(datapath, settings.daemon_bin.clone()) {
@@ -189,12 +192,18 @@ pub fn run_cell(
     result.idle_cpu_pct = daemon::idle_cpu(&bed, settings.idle).map_err(|e| format!("{e:#}"));
     result.peak_rss_mib = daemon::peak_rss_mib(&bed).map_err(|e| format!("{e:#}"));
     let next_generation = settings.change_samples + 1;
-    result.fanout_ms = if settings.watchers == 0 {
-        skipped("skipped")
-    } else {
-        fanout(&mut bed, &driver, &pods, next_generation, settings).map_err(|e| format!("{e:#}"))
+    let mut fan = |generation, deltas| {
+        if settings.watchers == 0 {
+            skipped("skipped")
+        } else {
+            fanout(&mut bed, &driver, &pods, generation, deltas, settings)
+                .map_err(|e| format!("{e:#}"))
+        }
     };
+    result.fanout_ms = fan(next_generation, false);
     progress_line("fan-out (ms)", &result.fanout_ms);
+    result.fanout_delta_ms = fan(next_generation + 1, true);
+    progress_line("fan-out, delta Watch (ms)", &result.fanout_delta_ms);
     result.restart = if datapath == "none" {
         skipped("no datapath")
     } else {
@@ -296,18 +305,21 @@ fn kill(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Milliseconds from one change to every one of the watchers holding it.
+/// Milliseconds from one change to every one of the watchers holding it;
+/// `deltas`: watchers that ask for delta frames.
 fn fanout(
     bed: &mut Bed,
     driver: &Driver,
     pods: &[String],
     generation: usize,
+    deltas: bool,
     settings: &Settings,
 ) -> Result<f64> {
     let mut helper = Command::new(&settings.fanout_bin)
         .arg("--target")
         .arg(format!("unix:{}", bed.localnet_socket.display()))
         .args(["--clients", &settings.watchers.to_string()])
+        .args(deltas.then_some("--deltas"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -466,6 +478,7 @@ impl CellResult {
             "idle_cpu_percent": json_of(&self.idle_cpu_pct, |v| json!(v)),
             "vmhwm_mib": json_of(&self.peak_rss_mib, |v| json!(v)),
             "fanout_ms": json_of(&self.fanout_ms, |v| json!(v)),
+            "fanout_delta_ms": json_of(&self.fanout_delta_ms, |v| json!(v)),
             "restart": json_of(&self.restart, |r| json!({
                 "requests": r.requests,
                 "failed": r.failed,
