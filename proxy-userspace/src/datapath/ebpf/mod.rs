@@ -23,6 +23,7 @@
 //! equivalent of kube-proxy's REJECT.
 
 pub mod batch;
+pub mod cleanup;
 pub mod codec;
 pub mod counters;
 pub mod desired;
