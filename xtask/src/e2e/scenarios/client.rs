@@ -112,6 +112,19 @@ pub(super) fn wait_until_served(
 
 /// [`wait_until_served`] for a client in `netns`, each attempt given
 /// `attempt_timeout` (short where the datapath drops until programmed).
+/// Waits (5 s at most) until `target` answers TCP from the client outside
+/// the nodes.
+pub(super) fn wait_served_from_outside(bed: &Bed, target: &str) -> Result<Duration> {
+    wait_until_served_from(
+        bed,
+        Some(&bed.outside_netns),
+        "tcp",
+        target,
+        Duration::from_secs(5),
+        super::DROP_TIMEOUT,
+    )
+}
+
 pub(super) fn wait_until_served_from(
     bed: &Bed,
     netns: Option<&str>,

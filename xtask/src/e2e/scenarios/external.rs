@@ -131,15 +131,8 @@ pub(super) fn ipv6_nodeport_outside(bed: &mut Bed) -> Result<()> {
     ]))?;
     let target = format!("[{}]:30130", crate::e2e::bed::NODE_EXTERNAL_IPV6);
     let outside = bed.outside_netns.clone();
-    wait_until_served_from(
-        bed,
-        Some(&outside),
-        "tcp",
-        &target,
-        Duration::from_secs(5),
-        DROP_TIMEOUT,
-    )
-    .with_context(|| format!("from {} outside the node", crate::e2e::bed::OUTSIDE_IPV6))?;
+    wait_served_from_outside(bed, &target)
+        .with_context(|| format!("from {} outside the node", crate::e2e::bed::OUTSIDE_IPV6))?;
     let r = request_from(bed, Some(&outside), "tcp", &target, 90, CLIENT_TIMEOUT)?;
     assert_spread(&r, 90, &["pod1", "pod2", "pod3"], 0.1)
         .with_context(|| format!("from {} to {target}", crate::e2e::bed::OUTSIDE_IPV6))
@@ -182,14 +175,7 @@ pub(super) fn external_and_lb_ips(bed: &mut Bed) -> Result<()> {
     let outside = bed.outside_netns.clone();
     for ip in [external_ip, lb_ip] {
         let target = format!("{ip}:80");
-        wait_until_served_from(
-            bed,
-            Some(&outside),
-            "tcp",
-            &target,
-            Duration::from_secs(5),
-            DROP_TIMEOUT,
-        )?;
+        wait_served_from_outside(bed, &target)?;
         let r = request_from(bed, Some(&outside), "tcp", &target, 90, CLIENT_TIMEOUT)?;
         assert_spread(&r, 90, &["pod1", "pod2", "pod3"], 0.1)
             .with_context(|| format!("from outside to {target}"))?;
@@ -330,14 +316,7 @@ pub(super) fn etp_local_nodeport(bed: &mut Bed) -> Result<()> {
     bed.apply_manifests(&manifests(&three_pods()))?;
     let target = format!("{}:30090", crate::e2e::bed::NODE_EXTERNAL_IP);
     let outside = bed.outside_netns.clone();
-    wait_until_served_from(
-        bed,
-        Some(&outside),
-        "tcp",
-        &target,
-        Duration::from_secs(5),
-        DROP_TIMEOUT,
-    )?;
+    wait_served_from_outside(bed, &target)?;
     let r = request_from(bed, Some(&outside), "tcp", &target, 30, CLIENT_TIMEOUT)?;
     assert_spread(&r, 30, &["pod1"], 1.0).context("only the endpoint on node-1 may answer")?;
 

@@ -375,14 +375,7 @@ pub(super) fn nodeport_flow_survives_restart(bed: &mut Bed) -> Result<()> {
     ]))?;
     let target = at(NODE1.ip, 30190);
     let outside = bed.outside_netns.clone();
-    wait_until_served_from(
-        bed,
-        Some(&outside),
-        "tcp",
-        &target,
-        Duration::from_secs(5),
-        DROP_TIMEOUT,
-    )?;
+    wait_served_from_outside(bed, &target)?;
     let mut client = bed.spawn_client(
         Some(&outside),
         &[
