@@ -509,6 +509,13 @@ impl Datapath for EbpfDatapath {
             .collect();
         self.owned.clear();
         let stats = self.apply_changes(changes)?;
+        // Source ranges left by an earlier daemon for frontends that are
+        // gone (their headers were not in the maps to remove).
+        for vip in self.ext.vips_with_ranges() {
+            if !wanted.contains(&vip) {
+                self.ext.trim_ranges(&vip, &[])?;
+            }
+        }
         for d in &desired {
             self.own(d);
         }
