@@ -8,11 +8,44 @@ use anyhow::{ensure, Context, Result};
 
 use super::*;
 
+/// Runs a client (`args`, in `netns`) to its end while the daemon is
+/// SIGKILLed after `before_kill` and started again `down` later; the
+/// client's output lines. The client is waited for before a failed restart
+/// is reported, so none is left running.
+pub(super) fn lines_across_sigkill(
+    bed: &mut Bed,
+    netns: Option<&str>,
+    args: &[&str],
+    before_kill: Duration,
+    down: Duration,
+) -> Result<Vec<String>> {
+    let mut client = bed.spawn_client(netns, args)?;
+    let stdout = client.stdout.take().context("client stdout")?;
+    let reader = std::thread::spawn(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<String>>()
+    });
+    std::thread::sleep(before_kill);
+    bed.kill_daemon();
+    std::thread::sleep(down);
+    let restarted = bed.start_daemon();
+    let status = client.wait()?;
+    let lines = reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("reader panicked"))?;
+    restarted?;
+    ensure!(status.success(), "client exited with {status}");
+    Ok(lines)
+}
+
 pub(super) fn restart(bed: &mut Bed) -> Result<()> {
     ensure_daemon(bed)?;
     apply_service(bed, &WEB, false, &three_pods())?;
     wait_until_served(bed, "tcp", "10.96.0.10:80", Duration::from_secs(5))?;
-    let mut client = bed.spawn_client(
+    let lines = lines_across_sigkill(
+        bed,
         None,
         &[
             "--proto",
@@ -24,23 +57,9 @@ pub(super) fn restart(bed: &mut Bed) -> Result<()> {
             "--interval-ms",
             "10",
         ],
+        Duration::from_millis(1500),
+        Duration::from_millis(1000),
     )?;
-    let stdout = client.stdout.take().context("client stdout")?;
-    let reader = std::thread::spawn(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<String>>()
-    });
-    std::thread::sleep(Duration::from_millis(1500));
-    bed.kill_daemon();
-    std::thread::sleep(Duration::from_millis(1000));
-    bed.start_daemon()?;
-    let status = client.wait()?;
-    let lines = reader
-        .join()
-        .map_err(|_| anyhow::anyhow!("reader panicked"))?;
-    ensure!(status.success(), "client exited with {status}");
     let r = Results::parse(&lines);
     ensure!(
         r.ok_count() > 100,

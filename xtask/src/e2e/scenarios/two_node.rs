@@ -376,7 +376,8 @@ pub(super) fn nodeport_flow_survives_restart(bed: &mut Bed) -> Result<()> {
     let target = at(NODE1.ip, 30190);
     let outside = bed.outside_netns.clone();
     wait_served_from_outside(bed, &target)?;
-    let mut client = bed.spawn_client(
+    let lines = super::restart::lines_across_sigkill(
+        bed,
         Some(&outside),
         &[
             "--proto",
@@ -389,24 +390,9 @@ pub(super) fn nodeport_flow_survives_restart(bed: &mut Bed) -> Result<()> {
             "--interval-ms",
             "20",
         ],
+        Duration::from_millis(1000),
+        Duration::from_millis(500),
     )?;
-    let stdout = client.stdout.take().context("client stdout")?;
-    let reader = std::thread::spawn(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<String>>()
-    });
-    std::thread::sleep(Duration::from_millis(1000));
-    bed.kill_daemon();
-    std::thread::sleep(Duration::from_millis(500));
-    let restarted = bed.start_daemon();
-    let status = client.wait()?;
-    let lines = reader
-        .join()
-        .map_err(|_| anyhow::anyhow!("reader panicked"))?;
-    restarted?;
-    ensure!(status.success(), "client exited with {status}");
     let r = Results::parse(&lines);
     ensure!(
         r.errors.is_empty(),
