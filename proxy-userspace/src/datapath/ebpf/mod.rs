@@ -331,15 +331,22 @@ impl EbpfDatapath {
                 Change::Remove(vip) => ranges_after.push((*vip, Vec::new())),
             }
         }
+        let started = std::time::Instant::now();
         self.ext.add_ranges(ranges_before)?;
         let drained = self.draining.update(&changes);
         let plan = plan::plan(&self.view, changes);
+        let planned = started.elapsed();
         self.check_fits(&plan.ops)?;
+        // Filling empty maps (the first start) removes nothing; listing
+        // the 250,000 pairs it adds would only cancel pending destroys.
         let pairs = self
             .sock_destroyer
             .as_ref()
+            .filter(|d| self.view.service_entry_count() > 0 || d.has_pending())
             .map(|_| sockdestroy::removed_and_added(&self.view, &plan.ops));
+        let listed = started.elapsed();
         maps::execute(&plan.ops, &mut self.view, &mut self.maps)?;
+        let written = started.elapsed();
         for (vip, keep) in &ranges_after {
             self.ext.trim_ranges(vip, keep)?;
         }
@@ -359,8 +366,13 @@ impl EbpfDatapath {
         }
         tracing::debug!(
             vips_changed = plan.vips_changed,
+            ops = plan.ops.len(),
             service_entries = self.view.service_entry_count(),
             backends = self.view.backend_count(),
+            plan_ms = planned.as_secs_f64() * 1e3,
+            socket_pairs_ms = (listed - planned).as_secs_f64() * 1e3,
+            write_ms = (written - listed).as_secs_f64() * 1e3,
+            total_ms = started.elapsed().as_secs_f64() * 1e3,
             "eBPF maps updated"
         );
         Ok(ApplyStats {
@@ -493,7 +505,13 @@ impl Datapath for EbpfDatapath {
         if self.relink {
             self.relink()?;
         }
+        let started = std::time::Instant::now();
         let desired = desired::desired_state(next, claims, &self.node_ips);
+        tracing::debug!(
+            frontends = desired.len(),
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "eBPF desired state computed"
+        );
         let wanted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
         let mut stale: Vec<Vip> = self
             .view

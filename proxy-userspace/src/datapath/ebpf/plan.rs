@@ -318,8 +318,9 @@ pub fn plan<'a>(view: &Programmed, changes: impl IntoIterator<Item = Change<'a>>
             order.push(vip);
         }
     }
+    let mut removals = Vec::new();
     for change in order.iter().filter_map(|vip| last.remove(vip)) {
-        let before = plan.ops.len();
+        let before = plan.ops.len() + removals.len();
         match change {
             Change::Upsert(d) => plan_upsert(
                 view,
@@ -329,12 +330,26 @@ pub fn plan<'a>(view: &Programmed, changes: impl IntoIterator<Item = Change<'a>>
                 &mut new_backends,
                 &mut plan,
             ),
-            Change::Remove(vip) => plan_remove(view, &vip, &mut plan.ops),
+            Change::Remove(vip) => plan_remove(view, &vip, &mut removals),
         }
-        if plan.ops.len() > before {
+        if plan.ops.len() + removals.len() > before {
             plan.vips_changed += 1;
         }
     }
+    // Removed VIPs first (fewer entries at the peak), then every new
+    // backend, then the service entries, then what upserts trim: long runs
+    // of one kind, each one batch for the kernel, instead of a few
+    // entries per service. The sort is stable and each VIP's own ops were
+    // already in this order, so no service is ever seen half-written.
+    plan.ops.sort_by_key(|op| match op {
+        Op::PutBackend { .. } => 0,
+        Op::PutSlot { .. } | Op::PutHeader { .. } => 1,
+        Op::DeleteHeader { .. } | Op::DeleteSlot { .. } => 2,
+        Op::PurgeAffinity { .. } => 3,
+        Op::DeleteBackend { .. } => 4,
+    });
+    removals.append(&mut plan.ops);
+    plan.ops = removals;
     plan
 }
 

@@ -352,6 +352,16 @@ impl SockDestroyer {
     /// Queues the sockets of `removed` for destruction and forgets queued
     /// pairs that `added` puts back. Never blocks for long: the worker
     /// holds the lock only to take the set.
+    /// Whether pairs wait for the worker: only then do added pairs matter
+    /// (a plan that removes nothing need not list what it adds).
+    pub fn has_pending(&self) -> bool {
+        !self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
     pub fn submit(&self, removed: Vec<Pair>, added: &[Pair]) {
         if removed.is_empty() && added.is_empty() {
             return;
