@@ -426,7 +426,13 @@ fn encode(registry: &Registry) -> Vec<u8> {
 /// counts while it writes its "has no local endpoints" drop rules.
 pub fn no_local_endpoints(state: &LocalState) -> std::collections::BTreeMap<IpFamily, (i64, i64)> {
     let mut counts = std::collections::BTreeMap::new();
-    for svc in &state.services {
+    // Only a Local policy counts: the rest (most services) cost a glance,
+    // not a walk over their endpoints, on every apply.
+    let local = |svc: &&std::sync::Arc<crate::model::ServiceEndpoints>| {
+        svc.service.internal_traffic_policy == TrafficPolicy::Local
+            || svc.service.external_traffic_policy == TrafficPolicy::Local
+    };
+    for svc in state.services.iter().filter(local) {
         for port in &svc.service.ports {
             for family in [IpFamily::V4, IpFamily::V6] {
                 let backing = svc
