@@ -5,6 +5,7 @@
 pub mod file;
 pub mod kube;
 pub mod objects;
+pub mod typed_json;
 
 use tokio::sync::mpsc;
 

@@ -16,6 +16,21 @@ use serde_json::{Map, Number, Value};
 
 /// Every non-empty document, or `None`: use the YAML parser.
 pub fn documents(text: &str) -> Option<Vec<Value>> {
+    texts(text)?
+        .into_iter()
+        .map(|doc| {
+            let mut de = serde_json::Deserializer::from_str(doc);
+            let StrictValue(value) = StrictValue::deserialize(&mut de).ok()?;
+            de.end().ok()?;
+            Some(value)
+        })
+        .collect()
+}
+
+/// The text of every non-empty document, each starting with `{`, or
+/// `None`: not a stream of JSON objects (whether each text is valid JSON
+/// is for its reader to find out).
+pub fn texts(text: &str) -> Option<Vec<&str>> {
     let mut docs = Vec::new();
     let mut start = 0;
     let mut offset = 0;
@@ -36,19 +51,12 @@ pub fn documents(text: &str) -> Option<Vec<Value>> {
     Some(docs)
 }
 
-fn push(docs: &mut Vec<Value>, doc: &str) -> Option<()> {
+fn push<'a>(docs: &mut Vec<&'a str>, doc: &'a str) -> Option<()> {
     let body = doc.trim();
     if body.is_empty() {
         return Some(());
     }
-    if !body.starts_with('{') {
-        return None;
-    }
-    let mut de = serde_json::Deserializer::from_str(body);
-    let StrictValue(value) = StrictValue::deserialize(&mut de).ok()?;
-    de.end().ok()?;
-    docs.push(value);
-    Some(())
+    body.starts_with('{').then(|| docs.push(body))
 }
 
 /// A JSON value whose objects have no duplicate keys.

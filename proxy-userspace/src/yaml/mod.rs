@@ -10,6 +10,8 @@
 
 mod json;
 
+pub use json::texts as json_texts;
+
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::super::objects::{decode_object, Decoded};
+use super::super::typed_json::decode_object_json;
 use super::super::RejectReason;
 use crate::model::Object;
 
@@ -60,6 +61,9 @@ impl ManifestError {
 /// Parses one manifest file into objects. Any error rejects the whole file.
 /// The entry fuzz/ drives.
 pub fn parse_manifest(file: &Path, content: &str) -> Result<Vec<Object>, Vec<ManifestError>> {
+    if let Some(objects) = parse_json_objects(content) {
+        return Ok(objects);
+    }
     let documents = split_documents(file, content).map_err(|e| vec![e])?;
     let mut objects = Vec::new();
     let mut errors = Vec::new();
@@ -112,6 +116,21 @@ pub fn parse_manifest(file: &Path, content: &str) -> Result<Vec<Object>, Vec<Man
     } else {
         Err(errors)
     }
+}
+
+/// The fast path for a file of JSON documents (generated manifests,
+/// `kubectl get -o json` output): each decoded straight into its typed
+/// object. `None` as soon as one document needs the general path (a List,
+/// a kind the proxy ignores, anything to report), which then reads the
+/// whole file as it always did.
+fn parse_json_objects(content: &str) -> Option<Vec<Object>> {
+    crate::yaml::json_texts(content)?
+        .into_iter()
+        .map(|text| match decode_object_json(text)? {
+            Ok(Decoded::Object(o)) => Some(*o),
+            Ok(Decoded::Ignored { .. }) | Err(_) => None,
+        })
+        .collect()
 }
 
 /// `Kind namespace/name` for error messages, from whatever the document has.
