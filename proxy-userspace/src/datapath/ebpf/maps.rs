@@ -45,6 +45,17 @@ fn map_err(map: &'static str, op: &'static str, e: &MapError) -> EbpfError {
 }
 
 /// E2BIG from an update means the hash map is full.
+fn read_err(map: &'static str, e: std::io::Error) -> EbpfError {
+    map_err(
+        map,
+        "read",
+        &MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_lookup_batch",
+            io_error: e,
+        }),
+    )
+}
+
 fn update_err(map: &'static str, capacity: u32, e: &BatchError) -> EbpfError {
     if e.error.raw_os_error() == Some(libc::E2BIG) {
         EbpfError::MapFull {
@@ -175,17 +186,11 @@ impl KernelMaps {
     }
 
     pub fn service_entries(&self) -> Result<Vec<(ServiceKey, ServiceValue)>, EbpfError> {
-        self.services
-            .iter()
-            .collect::<Result<_, _>>()
-            .map_err(|e| map_err(MAP_SERVICES, "read", &e))
+        batch::lookup_all(self.services_fd()).map_err(|e| read_err(MAP_SERVICES, e))
     }
 
     pub fn backend_entries(&self) -> Result<Vec<(u32, Backend)>, EbpfError> {
-        self.backends
-            .iter()
-            .collect::<Result<_, _>>()
-            .map_err(|e| map_err(MAP_BACKENDS, "read", &e))
+        batch::lookup_all(self.backends_fd()).map_err(|e| read_err(MAP_BACKENDS, e))
     }
 
     pub fn affinity_entries(&self) -> Result<Vec<(AffinityKey, AffinityValue)>, EbpfError> {
