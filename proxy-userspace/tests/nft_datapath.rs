@@ -501,7 +501,9 @@ fn one_endpoint_change_is_map_elements_only_whatever_the_service_count() {
                     assert!(
                         matches!(
                             map,
-                            Some(rules::INTERNAL_COUNTS | rules::INTERNAL_ENDPOINTS | rules::HAIRPIN)
+                            Some(
+                                rules::INTERNAL_COUNTS | rules::INTERNAL_ENDPOINTS | rules::HAIRPIN
+                            )
                         ),
                         "{commands:#?}"
                     );
@@ -602,6 +604,37 @@ fn a_table_of_the_earlier_layout_is_refilled_in_place() {
             dump.contains("service default/web\n  service-ips: 10.96.0.10 . tcp . 80 -> svc-default/web/tcp/http\n  internal-endpoints: 10.96.0.10 . tcp . 80 -> 10.244.1.11 . 8080, 10.244.1.12 . 8080\n"),
             "{dump}"
         );
+        nft::cleanup().unwrap();
+    });
+}
+
+/// A service that grows to an endpoint count the pick chains have no
+/// rule for gets the rules in the same transaction as its endpoints, and
+/// the table then reads as programmed (no drift).
+#[test]
+fn a_new_endpoint_count_gets_its_pick_rules_in_the_same_transaction() {
+    use ebpf_kube_proxy::datapath::{Datapath, ServiceChange};
+    use ebpf_kube_proxy::model::claims::Claims;
+    in_private_netns(|| {
+        let (one, eight) = (many(10, 1), many(10, 8));
+        let mut dp = NftDatapath::open(Vec::new()).unwrap();
+        dp.program_all(&one, &Claims::of(&one)).unwrap();
+        assert!(!listing().contains("numgen random mod 8"));
+        let svc7 = &eight.services[7];
+        let changed = [ServiceChange {
+            key: &svc7.service.key,
+            next: Some(svc7),
+        }];
+        dp.program_changes(&one, &eight, &changed, &Claims::of(&eight))
+            .unwrap();
+        let (_, commands) = dp.last_transaction(Family::V4).unwrap();
+        assert!(
+            commands.contains(&"flush chain pick-internal".to_owned()),
+            "{commands:#?}"
+        );
+        assert!(listing().contains("numgen random mod 8"));
+        assert_eq!(endpoints_of_svc7().len(), 8);
+        assert_eq!(nft::drift::verify(&dp).unwrap(), vec![]);
         nft::cleanup().unwrap();
     });
 }

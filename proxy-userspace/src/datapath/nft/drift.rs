@@ -1,6 +1,6 @@
 //! Drift in the nftables datapath: each family's table read back over
 //! netlink (chains with their rule counts, sets and maps, the elements of
-//! the maps, the endpoint groups and the hairpin set) against what the
+//! the maps, the endpoints by frontend and the hairpin set) against what the
 //! datapath programmed.
 //!
 //! Rules are compared by count, not by content (a flushed chain, a

@@ -583,7 +583,7 @@ pub enum KeyPart {
     Proto(u8),
     Port(u16),
     /// A 32-bit number in host order, as nft's `mark` type and numgen
-    /// hold it: endpoint group ids, endpoint counts and slots.
+    /// hold it: endpoint counts and slots.
     Mark(u32),
 }
 

@@ -17,7 +17,7 @@
 //!   services that changed: their map elements, their chains whose rules
 //!   changed (rewritten whole) and the removal of chains and sets no
 //!   longer referenced. An endpoint change of a service without affinity
-//!   is elements only (its group's count and endpoints, see [`rules`]),
+//!   is elements only (its frontends' counts and endpoints, see [`rules`]),
 //!   unless its new endpoint count has no pick rules yet: then the pick
 //!   chains are rewritten in the same transaction.
 //! * After a sync, UDP conntrack entries that point at removed endpoints,
@@ -489,8 +489,8 @@ impl NftDatapath {
             // A chain is rewritten whole when its rules changed, or when
             // the service's affinity sets did (a chain whose rules did not
             // change may still point at a set re-created with a new
-            // timeout). A chain that picks from a group keeps its rules
-            // while the group has endpoints.
+            // timeout). A chain that ends in a pick chain keeps its rules
+            // while the service has endpoints.
             let sets_changed = old.sets != new.sets;
             for name in old.chains.keys() {
                 if !new.chains.contains_key(name) {

@@ -1,6 +1,6 @@
 //! Pure builders: a [`ServiceEndpoints`] in, the nftables objects it needs
-//! out (chains with their [`Rule`]s, affinity sets, map elements, endpoint
-//! groups, hairpin addresses). No I/O here.
+//! out (chains with their [`Rule`]s, affinity sets, map elements, the
+//! endpoint counts in use, hairpin addresses). No I/O here.
 //!
 //! Layout per family (`ip`/`ip6`), table [`TABLE`], shaped like
 //! kube-proxy's nftables mode:
@@ -17,20 +17,24 @@
 //!   external and load-balancer IPs, the `external` scope) hold the
 //!   masquerade marks, the load-balancer firewall and the eTP=Local
 //!   short-circuit, and end in `goto pick-internal` / `goto pick-external`;
-//! * the endpoints of each chain form an endpoint group: an id, its count
-//!   in the data map `group-counts`, its endpoints by slot in the data map
-//!   `endpoints` (`group . slot` → `addr . port`). The scope's data maps
-//!   give a packet its group: `internal-groups` (`daddr . l4proto .
-//!   dport`: cluster IPs, and the external IPs of eTP=Local services whose
-//!   pods and node short-circuit to the cluster chain) and
-//!   `internal-nodeport-groups` (`l4proto . dport`), `external-groups` and
-//!   `external-nodeport-groups` likewise. `pick-internal` and
-//!   `pick-external` hold, per endpoint count *k* (see [`pick_counts`]),
-//!   one rule that finds the packet's group by address and one by node
-//!   port, and when the group has *k* endpoints DNATs to `group .
-//!   (numgen random mod k)` in `endpoints` ([`FrontendPick`]). Address rules
-//!   come before node-port rules, so a service port that equals a node
-//!   port is not taken for it;
+//! * the endpoints are map elements, per scope and per frontend (a
+//!   service address `daddr . l4proto . dport`, or a node port `l4proto .
+//!   dport`): `internal-counts` holds a frontend's number of endpoints,
+//!   `internal-endpoints` its endpoints by slot (`daddr . l4proto . dport
+//!   . slot` → `addr . port`), `internal-nodeport-counts` and
+//!   `internal-nodeport-endpoints` the same by node port, and `external-…`
+//!   likewise. The internal maps also hold the external addresses and
+//!   node ports of eTP=Local services, whose pods and node short-circuit
+//!   to the cluster chain;
+//! * `pick-internal` and `pick-external` hold, per endpoint count *k* (see
+//!   [`pick_counts`]), one rule per kind of frontend: when the packet's
+//!   frontend has *k* endpoints, DNAT to `frontend . (numgen random mod
+//!   k)` in the endpoints map ([`FrontendPick`]). Address rules come
+//!   before node-port rules, so a service address whose port equals a
+//!   node port is not taken for it. Each rule derives the frontend from
+//!   the packet: a register does not outlive its chain, numgen's modulus
+//!   is a constant, and `nft` cannot list a rule that looks a map up by
+//!   another map's result (so no group ids in between);
 //! * a service with ClientIP affinity keeps one rule per endpoint in its
 //!   chains instead (rule *i* of *N* matches `numgen random mod (N - i)
 //!   0`, which gives every endpoint 1/N), after its per-endpoint affinity
@@ -39,15 +43,15 @@
 //!   itself: `saddr . daddr` in the `hairpin` set) and what was marked
 //!   with [`MASQ_MARK`].
 //!
-//! Why groups: the kernel validates the whole table (about 95 ms at
-//! 50,000 services) when a transaction adds a rule with a jump, NAT, fib
-//! or lookup, or a verdict element with a jump or goto; data-map elements
+//! Why maps: the kernel validates the whole table (about 95 ms at 50,000
+//! services) when a transaction adds a rule with a jump, NAT, fib or
+//! lookup, or a verdict element with a jump or goto; data-map elements
 //! cost microseconds. An endpoint change of a service without affinity
-//! (its count staying at least 1) is elements of `group-counts`,
-//! `endpoints` and `hairpin` only. The number of rules that read the data
-//! maps stays fixed whatever the number of services: the kernel checks a
-//! new map element against every rule that reads the map, and walks the
-//! map for every new such rule.
+//! (its count staying at least 1) is elements of the count and endpoint
+//! maps and of `hairpin` only. The number of rules that read the data
+//! maps stays fixed whatever the number of services: the kernel checks
+//! every new map element against every rule that reads the map, and
+//! walks the map for every new such rule.
 //!
 //! No per-endpoint chains and no anonymous sets: the kernel looks named
 //! sets up by a list walk and binds anonymous ones by walking the whole
@@ -131,7 +135,7 @@ pub const BASE_SETS: [&str; 13] = [
     EXTERNAL_NODEPORT_ENDPOINTS,
 ];
 /// The chains that pick an endpoint of the internal and the external
-/// scope's groups.
+/// scope.
 pub const PICK_INTERNAL: &str = "pick-internal";
 pub const PICK_EXTERNAL: &str = "pick-external";
 /// A rule-less chain whose comment says which mode runs and why
@@ -318,9 +322,9 @@ pub const HELPER_CHAINS: [&str; 7] = [
 ];
 
 /// The endpoint counts the pick chains have rules for, given the counts
-/// of the groups in use: each of them and its neighbours, so a group
-/// that gains or loses one endpoint finds its rules already there (adding
-/// one means validating the whole table).
+/// in use: each of them and its neighbours, so a frontend that gains or
+/// loses one endpoint finds its rules already there (adding one means
+/// validating the whole table).
 pub fn pick_counts(in_use: impl IntoIterator<Item = u32>) -> BTreeSet<u32> {
     in_use
         .into_iter()

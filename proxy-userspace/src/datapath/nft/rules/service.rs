@@ -1,5 +1,5 @@
 //! One service's objects: its chains, affinity sets, map elements,
-//! endpoint groups and hairpin addresses, from its [`ServiceEndpoints`].
+//! endpoint counts and hairpin addresses, from its [`ServiceEndpoints`].
 
 use super::*;
 
