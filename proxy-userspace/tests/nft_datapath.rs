@@ -11,7 +11,8 @@ use ebpf_kube_proxy::datapath::nft::batch::{Batch, Family};
 use ebpf_kube_proxy::datapath::nft::expr::{self, Verdict};
 use ebpf_kube_proxy::datapath::nft::rules::{self, TABLE};
 use ebpf_kube_proxy::datapath::nft::{self, NftDatapath};
-use ebpf_kube_proxy::datapath::DatapathError;
+use ebpf_kube_proxy::datapath::{Datapath, DatapathError, ServiceChange};
+use ebpf_kube_proxy::model::claims::Claims;
 use ebpf_kube_proxy::model::testing;
 use ebpf_kube_proxy::model::{EndpointScopes, LocalEndpoint, LocalState, ServiceEndpoints};
 use ebpf_kube_proxy::net::Cidr;
@@ -451,6 +452,18 @@ fn json_elements(name: &str) -> Vec<(serde_json::Value, serde_json::Value)> {
         .collect()
 }
 
+/// `dp` programs service 7's change from `prev` to `next` (a partial
+/// sync).
+fn change_svc7(dp: &mut NftDatapath, prev: &LocalState, next: &LocalState) {
+    let svc7 = &next.services[7];
+    let changed = [ServiceChange {
+        key: &svc7.service.key,
+        next: Some(svc7),
+    }];
+    dp.program_changes(prev, next, &changed, &Claims::of(next))
+        .unwrap();
+}
+
 /// A count or a slot from `nft -j`, which prints the host-order bytes of
 /// a `mark` as a big-endian number.
 fn mark(v: &serde_json::Value) -> u32 {
@@ -475,8 +488,6 @@ fn endpoints_of_svc7() -> Vec<String> {
 /// endpoints.
 #[test]
 fn one_endpoint_change_is_map_elements_only_whatever_the_service_count() {
-    use ebpf_kube_proxy::datapath::{Datapath, ServiceChange};
-    use ebpf_kube_proxy::model::claims::Claims;
     in_private_netns(|| {
         let mut sizes = Vec::new();
         for services in [300, 3000] {
@@ -485,13 +496,7 @@ fn one_endpoint_change_is_map_elements_only_whatever_the_service_count() {
             dp.program_all(&full, &Claims::of(&full)).unwrap();
             let mut size = Vec::new();
             for (prev, next) in [(&full, &one_less), (&one_less, &full)] {
-                let svc7 = &next.services[7];
-                let changed = [ServiceChange {
-                    key: &svc7.service.key,
-                    next: Some(svc7),
-                }];
-                dp.program_changes(prev, next, &changed, &Claims::of(next))
-                    .unwrap();
+                change_svc7(&mut dp, prev, next);
                 let (n, commands) = dp.last_transaction(Family::V4).unwrap().clone();
                 for c in &commands {
                     let map = c
@@ -613,20 +618,12 @@ fn a_table_of_the_earlier_layout_is_refilled_in_place() {
 /// the table then reads as programmed (no drift).
 #[test]
 fn a_new_endpoint_count_gets_its_pick_rules_in_the_same_transaction() {
-    use ebpf_kube_proxy::datapath::{Datapath, ServiceChange};
-    use ebpf_kube_proxy::model::claims::Claims;
     in_private_netns(|| {
         let (one, eight) = (many(10, 1), many(10, 8));
         let mut dp = NftDatapath::open(Vec::new()).unwrap();
         dp.program_all(&one, &Claims::of(&one)).unwrap();
         assert!(!listing().contains("numgen random mod 8"));
-        let svc7 = &eight.services[7];
-        let changed = [ServiceChange {
-            key: &svc7.service.key,
-            next: Some(svc7),
-        }];
-        dp.program_changes(&one, &eight, &changed, &Claims::of(&eight))
-            .unwrap();
+        change_svc7(&mut dp, &one, &eight);
         let (_, commands) = dp.last_transaction(Family::V4).unwrap();
         assert!(
             commands.contains(&"flush chain pick-internal".to_owned()),

@@ -328,6 +328,18 @@ fn immediate_value(a: &mut Attrs, dreg: u32, data: &[u8]) {
     });
 }
 
+/// DNAT to the address in register `addr` and the port in `port`.
+fn dnat(a: &mut Attrs, f: Family, addr: u32, port: u32) {
+    a.expr("nat", |e| {
+        e.be32(1, NAT_DNAT)
+            .be32(2, f.nfproto())
+            .be32(3, addr)
+            .be32(4, addr)
+            .be32(5, port)
+            .be32(6, port);
+    });
+}
+
 /// `daddr . l4proto . dport` into consecutive registers; returns the
 /// first.
 fn service_key(a: &mut Attrs, f: Family) -> u32 {
@@ -417,14 +429,7 @@ fn encode_stmt(a: &mut Attrs, f: Family, s: &Stmt) {
             let port_reg = r + 4;
             immediate_value(a, r, &addr_bytes(ip));
             immediate_value(a, port_reg, &port.to_be_bytes());
-            a.expr("nat", |e| {
-                e.be32(1, NAT_DNAT)
-                    .be32(2, f.nfproto())
-                    .be32(3, r)
-                    .be32(4, r)
-                    .be32(5, port_reg)
-                    .be32(6, port_reg);
-            });
+            dnat(a, f, r, port_reg);
         }
         Stmt::MarkSet(bits) | Stmt::MarkFlip(bits) => {
             meta_load(a, META_MARK, r);
@@ -520,14 +525,7 @@ impl FrontendPick {
         let addr = slot + 1;
         let port = addr + regs(f.addr_len());
         lookup(a, &self.endpoints, first, Some(addr), false);
-        a.expr("nat", |e| {
-            e.be32(1, NAT_DNAT)
-                .be32(2, f.nfproto())
-                .be32(3, addr)
-                .be32(4, addr)
-                .be32(5, port)
-                .be32(6, port);
-        });
+        dnat(a, f, addr, port);
     }
 }
 
