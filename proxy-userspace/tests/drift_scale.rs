@@ -75,25 +75,46 @@ fn nftables_check_at_10k_services_is_clean_fast_and_finds_a_deleted_element() {
 
             // The first service's ClusterIP element, deleted by hand.
             let svc = &full.services[0].service;
-            let key = key_bytes(&[
+            // So is its first endpoint.
+            let frontend = [
                 KeyPart::Addr(std::net::IpAddr::V4(svc.cluster_ips.v4[0])),
                 KeyPart::Proto(6),
                 KeyPart::Port(svc.ports[0].port),
-            ]);
+            ];
             let mut b = Batch::new();
-            let elem = Element { key, verdict: None };
-            b.delete_elements(
-                Family::V4.nfproto_u8(),
-                TABLE,
-                rules::SERVICE_IPS,
-                &[elem],
-                "delete by hand".into(),
-            );
-            b.commit().expect("delete the element");
+            for (map, key) in [
+                (rules::SERVICE_IPS, key_bytes(&frontend)),
+                (
+                    rules::INTERNAL_ENDPOINTS,
+                    key_bytes(&[&frontend[..], &[KeyPart::Mark(0)]].concat()),
+                ),
+            ] {
+                let elem = Element {
+                    key,
+                    verdict: None,
+                    data: None,
+                };
+                b.delete_elements(
+                    Family::V4.nfproto_u8(),
+                    TABLE,
+                    map,
+                    &[elem],
+                    "delete by hand".into(),
+                );
+            }
+            b.commit().expect("delete the elements");
             let drifts = dp.verify().expect("verify");
-            assert_eq!(drifts.len(), 1, "{drifts:#?}");
-            assert_eq!(drifts[0].kind, DriftKind::Element);
-            assert_eq!(drifts[0].service.as_deref(), Some(&*svc.key.to_string()));
+            assert_eq!(drifts.len(), 2, "{drifts:#?}");
+            for d in &drifts {
+                assert_eq!(d.kind, DriftKind::Element);
+                assert_eq!(d.service.as_deref(), Some(&*svc.key.to_string()));
+            }
+            assert!(
+                drifts[0].object.ends_with("internal-endpoints")
+                    && drifts[0].key.ends_with(" . 0")
+                    && drifts[0].expected.ends_with(" . 8080"),
+                "{drifts:#?}"
+            );
             // The full sync that follows repairs it.
             dp.apply(&full).expect("repair");
             assert_eq!(dp.verify().expect("verify"), vec![]);

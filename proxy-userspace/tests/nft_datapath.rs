@@ -11,7 +11,8 @@ use ebpf_kube_proxy::datapath::nft::batch::{Batch, Family};
 use ebpf_kube_proxy::datapath::nft::expr::{self, Verdict};
 use ebpf_kube_proxy::datapath::nft::rules::{self, TABLE};
 use ebpf_kube_proxy::datapath::nft::{self, NftDatapath};
-use ebpf_kube_proxy::datapath::DatapathError;
+use ebpf_kube_proxy::datapath::{Datapath, DatapathError, ServiceChange};
+use ebpf_kube_proxy::model::claims::Claims;
 use ebpf_kube_proxy::model::testing;
 use ebpf_kube_proxy::model::{EndpointScopes, LocalEndpoint, LocalState, ServiceEndpoints};
 use ebpf_kube_proxy::net::Cidr;
@@ -224,10 +225,19 @@ fn the_kernel_holds_the_rules_we_wrote() {
                     .or_default()
                     .push(rule.text(f));
             }
+            let mut counts = Vec::new();
             for se in &state.services {
-                for (chain, rs) in rules::service_objects(se, f, &cidrs, false).chains {
+                let objs = rules::service_objects(se, f, &cidrs, false);
+                for (chain, rs) in objs.chains {
                     expected.insert(chain, rs.iter().map(|r| r.text(f)).collect());
                 }
+                counts.extend(objs.counts);
+            }
+            for (chain, rule) in rules::pick_rules(&rules::pick_counts(counts)) {
+                expected
+                    .entry(chain.to_owned())
+                    .or_default()
+                    .push(rule.text(f));
             }
             let held_nonempty: BTreeMap<String, Vec<String>> =
                 held.into_iter().filter(|(_, r)| !r.is_empty()).collect();
@@ -310,7 +320,10 @@ fn an_incompatible_leftover_table_is_recreated() {
             .program(&state)
             .unwrap();
         let text = listing();
-        assert!(text.contains("dnat to 10.244.1.11:8080"), "{text}");
+        assert!(
+            text.contains("10.96.0.10 . tcp . 80 . 0x00000000 : 10.244.1.11 . 8080"),
+            "{text}"
+        );
         assert!(!text.contains("stale-chain"), "{text}");
         assert!(text.contains("type ipv4_addr . ipv4_addr"), "{text}");
         nft::cleanup().unwrap();
@@ -397,6 +410,228 @@ fn udp_conntrack_entries_of_gone_endpoints_are_deleted() {
             .program(&one)
             .unwrap();
         assert_eq!(backends(), ["10.244.1.11"]);
+        nft::cleanup().unwrap();
+    });
+}
+
+/// `services` services `ns/svc-<i>` (10.96.x.y:80), each with five
+/// endpoints; service 7 has `svc7` of them.
+fn many(services: usize, svc7: usize) -> LocalState {
+    LocalState {
+        services: (0..services)
+            .map(|i| {
+                let n = if i == 7 { svc7 } else { 5 };
+                let vip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+                let mut se = testing::service("ns", &format!("svc-{i}"), &[&vip]).with_endpoints(
+                    (0..n).map(|j| {
+                        endpoint(&format!("10.{}.{}.{}", 100 + i / 250, i % 250, j + 1), true)
+                    }),
+                );
+                se.service.uid = String::new();
+                se
+            })
+            .map(Into::into)
+            .collect(),
+    }
+}
+
+/// The elements of map `name` in the IPv4 table, as `nft -j` prints
+/// them: (key parts, value).
+fn json_elements(name: &str) -> Vec<(serde_json::Value, serde_json::Value)> {
+    let text = nft::nft_output(&["-j", "list", "map", "ip", TABLE, name])
+        .unwrap()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    doc["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o.get("map"))
+        .flat_map(|m| m["elem"].as_array().cloned().unwrap_or_default())
+        .map(|e| (e[0]["concat"].clone(), e[1].clone()))
+        .collect()
+}
+
+/// `dp` programs service 7's change from `prev` to `next` (a partial
+/// sync).
+fn change_svc7(dp: &mut NftDatapath, prev: &LocalState, next: &LocalState) {
+    let svc7 = &next.services[7];
+    let changed = [ServiceChange {
+        key: &svc7.service.key,
+        next: Some(svc7),
+    }];
+    dp.program_changes(prev, next, &changed, &Claims::of(next))
+        .unwrap();
+}
+
+/// A count or a slot from `nft -j`, which prints the host-order bytes of
+/// a `mark` as a big-endian number.
+fn mark(v: &serde_json::Value) -> u32 {
+    u32::from_ne_bytes((v.as_u64().unwrap() as u32).to_be_bytes())
+}
+
+/// The endpoints the kernel holds for 10.96.0.8:80 (service 7), by slot.
+fn endpoints_of_svc7() -> Vec<String> {
+    let mut v: Vec<(u32, String)> = json_elements(rules::INTERNAL_ENDPOINTS)
+        .into_iter()
+        .filter(|(k, _)| k[0] == "10.96.0.8")
+        .map(|(k, v)| (mark(&k[3]), v["concat"].to_string()))
+        .collect();
+    v.sort();
+    v.into_iter().map(|(_, e)| e).collect()
+}
+
+/// Removing and re-adding one endpoint of a service without affinity
+/// sends the same few element messages at 300 services as at 3,000 (no
+/// rule, no chain, no verdict element: nothing that makes the kernel
+/// validate the whole table), and the kernel then holds the service's
+/// endpoints.
+#[test]
+fn one_endpoint_change_is_map_elements_only_whatever_the_service_count() {
+    in_private_netns(|| {
+        let mut sizes = Vec::new();
+        for services in [300, 3000] {
+            let (full, one_less) = (many(services, 5), many(services, 4));
+            let mut dp = NftDatapath::open(Vec::new()).unwrap();
+            dp.program_all(&full, &Claims::of(&full)).unwrap();
+            let mut size = Vec::new();
+            for (prev, next) in [(&full, &one_less), (&one_less, &full)] {
+                change_svc7(&mut dp, prev, next);
+                let (n, commands) = dp.last_transaction(Family::V4).unwrap().clone();
+                for c in &commands {
+                    let map = c
+                        .strip_prefix("add element ")
+                        .or_else(|| c.strip_prefix("delete element "))
+                        .and_then(|rest| rest.split(' ').next());
+                    assert!(
+                        matches!(
+                            map,
+                            Some(
+                                rules::INTERNAL_COUNTS | rules::INTERNAL_ENDPOINTS | rules::HAIRPIN
+                            )
+                        ),
+                        "{commands:#?}"
+                    );
+                }
+                size.push(n);
+                if next == &one_less {
+                    assert_eq!(
+                        endpoints_of_svc7(),
+                        [
+                            r#"["10.100.7.1",8080]"#,
+                            r#"["10.100.7.2",8080]"#,
+                            r#"["10.100.7.3",8080]"#,
+                            r#"["10.100.7.4",8080]"#
+                        ]
+                    );
+                    let count: Vec<u32> = json_elements(rules::INTERNAL_COUNTS)
+                        .into_iter()
+                        .filter(|(k, _)| k[0] == "10.96.0.8")
+                        .map(|(_, v)| mark(&v))
+                        .collect();
+                    assert_eq!(count, [4]);
+                }
+            }
+            assert_eq!(endpoints_of_svc7().len(), 5);
+            sizes.push(size);
+            nft::cleanup().unwrap();
+        }
+        assert_eq!(sizes[0], sizes[1], "commands at 300 and 3,000 services");
+        // Count out and in, endpoint out; hairpin element out.
+        assert!(sizes[0][0] <= 4, "{sizes:?}");
+    });
+}
+
+/// A table written by the earlier layout (endpoints as DNAT rules in the
+/// service chains) is refilled in one transaction: the service chain
+/// then picks from the maps, and no rule of the earlier layout is left.
+#[test]
+fn a_table_of_the_earlier_layout_is_refilled_in_place() {
+    in_private_netns(|| {
+        let chain = "svc-default/web/tcp/http";
+        for cmd in [
+            vec!["add", "table", "ip", TABLE],
+            vec![
+                "add",
+                "map",
+                "ip",
+                TABLE,
+                "service-ips",
+                "{ type ipv4_addr . inet_proto . inet_service : verdict ; }",
+            ],
+            vec!["add", "chain", "ip", TABLE, chain],
+            vec![
+                "add",
+                "rule",
+                "ip",
+                TABLE,
+                chain,
+                "numgen random mod 2 0 meta l4proto tcp dnat to 10.244.1.11:8080",
+            ],
+            vec![
+                "add",
+                "rule",
+                "ip",
+                TABLE,
+                chain,
+                "meta l4proto tcp dnat to 10.244.1.12:8080",
+            ],
+            vec![
+                "add",
+                "element",
+                "ip",
+                TABLE,
+                "service-ips",
+                "{ 10.96.0.10 . tcp . 80 : goto svc-default/web/tcp/http }",
+            ],
+        ] {
+            nft::nft_output(&cmd).unwrap().unwrap();
+        }
+        let state = LocalState::new([web(
+            vec![endpoint("10.244.1.11", true), endpoint("10.244.1.12", true)],
+            None,
+        )]);
+        NftDatapath::open(Vec::new())
+            .unwrap()
+            .program(&state)
+            .unwrap();
+        let text = listing();
+        let chains: BTreeMap<String, Vec<String>> =
+            nft::chains_of_listing(&text).into_iter().collect();
+        assert_eq!(chains[chain], ["goto pick-internal"], "{text}");
+        assert!(!text.contains("dnat to 10.244.1.1"), "{text}");
+        assert!(
+            text.contains("10.96.0.10 . tcp . 80 . 0x00000001 : 10.244.1.12 . 8080"),
+            "{text}"
+        );
+        let dump = nft::dump_text().unwrap();
+        assert!(
+            dump.contains("service default/web\n  service-ips: 10.96.0.10 . tcp . 80 -> svc-default/web/tcp/http\n  internal-endpoints: 10.96.0.10 . tcp . 80 -> 10.244.1.11 . 8080, 10.244.1.12 . 8080\n"),
+            "{dump}"
+        );
+        nft::cleanup().unwrap();
+    });
+}
+
+/// A service that grows to an endpoint count the pick chains have no
+/// rule for gets the rules in the same transaction as its endpoints, and
+/// the table then reads as programmed (no drift).
+#[test]
+fn a_new_endpoint_count_gets_its_pick_rules_in_the_same_transaction() {
+    in_private_netns(|| {
+        let (one, eight) = (many(10, 1), many(10, 8));
+        let mut dp = NftDatapath::open(Vec::new()).unwrap();
+        dp.program_all(&one, &Claims::of(&one)).unwrap();
+        assert!(!listing().contains("numgen random mod 8"));
+        change_svc7(&mut dp, &one, &eight);
+        let (_, commands) = dp.last_transaction(Family::V4).unwrap();
+        assert!(
+            commands.contains(&"flush chain pick-internal".to_owned()),
+            "{commands:#?}"
+        );
+        assert!(listing().contains("numgen random mod 8"));
+        assert_eq!(endpoints_of_svc7().len(), 8);
+        assert_eq!(nft::drift::verify(&dp).unwrap(), vec![]);
         nft::cleanup().unwrap();
     });
 }

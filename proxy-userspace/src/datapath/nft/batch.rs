@@ -107,11 +107,13 @@ pub const NFT_JUMP: i32 = -3;
 pub const NFT_GOTO: i32 = -4;
 pub const NFT_RETURN: i32 = -5;
 
-/// A verdict-map or set element: its key bytes and, for maps, a verdict.
+/// A set or map element: its key bytes and, in a verdict map, a
+/// verdict; in a data map, its value bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Element {
     pub key: Vec<u8>,
     pub verdict: Option<(i32, Option<String>)>,
+    pub data: Option<Vec<u8>>,
 }
 
 /// A set to create.
@@ -123,6 +125,9 @@ pub struct SetSpec {
     pub key_len: u32,
     /// Milliseconds; 0 = none.
     pub timeout_ms: u64,
+    /// A data map's value type and length in bytes (`None` with
+    /// [`NFT_SET_MAP`]: a verdict map).
+    pub data: Option<(u32, u32)>,
 }
 
 /// One nf_tables transaction. Each message keeps a one-line description
@@ -165,6 +170,12 @@ impl Batch {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// What each command does (`add rule …`, `delete element …`), begin
+    /// and end left out.
+    pub fn descriptions(&self) -> &[String] {
+        &self.descriptions[1..]
     }
 
     fn header(&mut self, kind: u16, flags: u16, family: u8, attrs: &[u8], what: &str) {
@@ -298,8 +309,14 @@ impl Batch {
             .be32(3, set.flags)
             .be32(4, set.key_type)
             .be32(5, set.key_len);
-        if set.flags & NFT_SET_MAP != 0 {
-            a.be32(6, NFT_DATA_VERDICT);
+        match set.data {
+            Some((data_type, data_len)) => {
+                a.be32(6, data_type).be32(7, data_len);
+            }
+            None if set.flags & NFT_SET_MAP != 0 => {
+                a.be32(6, NFT_DATA_VERDICT);
+            }
+            None => {}
         }
         a.be32(10, self.set_id);
         self.set_id += 1;
@@ -348,6 +365,9 @@ impl Batch {
                         el.data_value(1, &e.key);
                         if let Some((code, chain)) = &e.verdict {
                             el.data_verdict(2, *code, chain.as_deref());
+                        }
+                        if let Some(data) = &e.data {
+                            el.data_value(2, data);
                         }
                     });
                 }

@@ -1,6 +1,7 @@
 //! Drift in the nftables datapath: each family's table read back over
 //! netlink (chains with their rule counts, sets and maps, the elements of
-//! the maps and the hairpin set) against what the datapath programmed.
+//! the maps, the endpoints by frontend and the hairpin set) against what the
+//! datapath programmed.
 //!
 //! Rules are compared by count, not by content (a flushed chain, a
 //! deleted or an added rule all change the count), and only in the chains
@@ -19,7 +20,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use super::batch::{self, Family, NFT_GOTO, NFT_JUMP, NFT_RETURN, NF_ACCEPT, NF_DROP};
 use super::expr::{key_bytes, key_text, KeyPart};
 use super::nlsock::{attr_str, attrs, Attrs, Socket};
-use super::rules::{self, TABLE};
+use super::rules::{self, ElementValue, TABLE};
 use super::{has_table, NftDatapath, NftError};
 use crate::datapath::drift::{Drift, DriftKind, ABSENT};
 
@@ -27,9 +28,16 @@ use crate::datapath::drift::{Drift, DriftKind, ABSENT};
 const GETRULE: u16 = 7;
 const GETSETELEM: u16 = 13;
 
-/// An element's data: `Some((verdict code, chain))` in a verdict map,
-/// `None` in a plain set.
-pub type ElementData = Option<(i32, Option<String>)>;
+/// An element's data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ElementData {
+    /// A plain set's element.
+    Set,
+    /// A verdict map's: verdict code and chain.
+    Verdict(i32, Option<String>),
+    /// A data map's value bytes.
+    Value(Vec<u8>),
+}
 
 /// An element's identity: its set or map (one of [`rules::BASE_SETS`])
 /// and its key bytes.
@@ -74,7 +82,9 @@ pub fn expected(dp: &NftDatapath, f: Family) -> Expected {
     for name in counted_chains() {
         c.chains.insert(name.to_owned(), Some(0));
     }
-    for (chain, _) in rules::base_rules(f, &dp.nodeport_addresses) {
+    let counts = dp.pick_counts.get(&f).cloned().unwrap_or_default();
+    let base = rules::base_rules(f, &dp.nodeport_addresses);
+    for (chain, _) in base.into_iter().chain(rules::pick_rules(&counts)) {
         if let Some(n) = c.chains.entry(chain.to_owned()).or_insert(Some(0)) {
             *n += 1;
         }
@@ -94,23 +104,31 @@ pub fn expected(dp: &NftDatapath, f: Family) -> Expected {
         for (name, secs) in &objs.sets {
             c.sets.insert(name.clone(), u64::from(*secs) * 1000);
         }
-        for ((map, key), verdict) in &objs.elements {
+        for ((map, key), value) in &objs.elements {
             let k = (*map, key_bytes(key));
-            let (code, chain) = verdict.code();
-            c.elements
-                .insert(k.clone(), Some((code, chain.map(str::to_owned))));
+            c.elements.insert(k.clone(), element_data(value));
             owners.insert(k, service.to_string());
         }
     }
     for (fam, ip) in dp.hairpin_refs.keys() {
         if *fam == f {
             let key = key_bytes(&[KeyPart::Addr(*ip), KeyPart::Addr(*ip)]);
-            c.elements.insert((rules::HAIRPIN, key), None);
+            c.elements.insert((rules::HAIRPIN, key), ElementData::Set);
         }
     }
     Expected {
         contents: c,
         owners,
+    }
+}
+
+fn element_data(value: &ElementValue) -> ElementData {
+    match value {
+        ElementValue::Verdict(v) => {
+            let (code, chain) = v.code();
+            ElementData::Verdict(code, chain.map(str::to_owned))
+        }
+        ElementValue::Data(parts) => ElementData::Value(key_bytes(parts)),
     }
 }
 
@@ -203,38 +221,83 @@ pub fn elements_of(attributes: &[u8]) -> Vec<(Vec<u8>, ElementData)> {
         let Some(key) = nested(elem, 1).and_then(|k| nested(k, 1)) else {
             continue;
         };
-        let data = nested(elem, 2).and_then(|d| nested(d, 2)).map(|v| {
-            let code = nested(v, 1)
-                .and_then(|c| <[u8; 4]>::try_from(c).ok())
-                .map(i32::from_be_bytes)
-                .unwrap_or(i32::MIN);
-            (code, nested(v, 2).map(attr_str))
-        });
+        let data = match nested(elem, 2) {
+            None => ElementData::Set,
+            Some(d) => match (nested(d, 2), nested(d, 1)) {
+                (Some(v), _) => {
+                    let code = nested(v, 1)
+                        .and_then(|c| <[u8; 4]>::try_from(c).ok())
+                        .map(i32::from_be_bytes)
+                        .unwrap_or(i32::MIN);
+                    ElementData::Verdict(code, nested(v, 2).map(attr_str))
+                }
+                (None, Some(value)) => ElementData::Value(value.to_vec()),
+                (None, None) => ElementData::Set,
+            },
+        };
         out.push((key.to_vec(), data));
     }
     out
 }
 
-/// A key as `nft` prints it, from its bytes in `set` of family `f`.
-pub fn key_display(f: Family, set: &str, bytes: &[u8]) -> String {
-    let addr_len = f.addr_len() as usize;
-    let shape: &[usize] = match set {
-        rules::SERVICE_IPS | rules::NO_ENDPOINT_SERVICES => &[addr_len, 1, 2],
-        rules::SERVICE_NODEPORTS | rules::NO_ENDPOINT_NODEPORTS => &[1, 2],
-        rules::HAIRPIN => &[addr_len, addr_len],
+/// The kinds of the parts of a key or a data value.
+#[derive(Clone, Copy)]
+enum Part {
+    Addr,
+    Proto,
+    Port,
+    Mark,
+}
+
+fn key_shape(set: &str) -> &'static [Part] {
+    use Part::*;
+    match set {
+        rules::SERVICE_IPS
+        | rules::NO_ENDPOINT_SERVICES
+        | rules::INTERNAL_COUNTS
+        | rules::EXTERNAL_COUNTS => &[Addr, Proto, Port],
+        rules::SERVICE_NODEPORTS
+        | rules::NO_ENDPOINT_NODEPORTS
+        | rules::INTERNAL_NODEPORT_COUNTS
+        | rules::EXTERNAL_NODEPORT_COUNTS => &[Proto, Port],
+        rules::INTERNAL_ENDPOINTS | rules::EXTERNAL_ENDPOINTS => &[Addr, Proto, Port, Mark],
+        rules::INTERNAL_NODEPORT_ENDPOINTS | rules::EXTERNAL_NODEPORT_ENDPOINTS => {
+            &[Proto, Port, Mark]
+        }
+        rules::HAIRPIN => &[Addr, Addr],
         _ => &[],
-    };
+    }
+}
+
+fn data_shape(set: &str) -> &'static [Part] {
+    if rules::PICKS.iter().any(|p| p.3 == set) {
+        &[Part::Addr, Part::Port]
+    } else {
+        &[Part::Mark]
+    }
+}
+
+/// `bytes` read as `shape` in family `f`, as `nft` prints it; the bytes
+/// in hex when they do not have that shape.
+fn display(f: Family, shape: &[Part], bytes: &[u8]) -> String {
     let mut parts = Vec::new();
     let mut at = 0;
-    for &len in shape {
+    for part in shape {
+        let len = match part {
+            Part::Addr => f.addr_len() as usize,
+            Part::Proto => 1,
+            Part::Port => 2,
+            Part::Mark => 4,
+        };
         let Some(b) = bytes.get(at..at + len) else {
             break;
         };
-        parts.push(match b {
-            [p] => KeyPart::Proto(*p),
-            [hi, lo] => KeyPart::Port(u16::from_be_bytes([*hi, *lo])),
-            [a, b, c, d] => KeyPart::Addr(IpAddr::V4(Ipv4Addr::new(*a, *b, *c, *d))),
-            _ => match <[u8; 16]>::try_from(b) {
+        parts.push(match (part, b) {
+            (Part::Proto, [p]) => KeyPart::Proto(*p),
+            (Part::Port, [hi, lo]) => KeyPart::Port(u16::from_be_bytes([*hi, *lo])),
+            (Part::Mark, [a, b, c, d]) => KeyPart::Mark(u32::from_ne_bytes([*a, *b, *c, *d])),
+            (Part::Addr, [a, b, c, d]) => KeyPart::Addr(IpAddr::V4(Ipv4Addr::new(*a, *b, *c, *d))),
+            (_, b) => match <[u8; 16]>::try_from(b) {
                 Ok(o) => KeyPart::Addr(IpAddr::V6(Ipv6Addr::from(o))),
                 Err(_) => break,
             },
@@ -248,10 +311,17 @@ pub fn key_display(f: Family, set: &str, bytes: &[u8]) -> String {
     key_text(&parts)
 }
 
-/// An element's data as `nft` prints it.
-pub fn data_display(d: &ElementData) -> String {
-    let Some((code, chain)) = d else {
-        return "present".to_owned();
+/// A key as `nft` prints it, from its bytes in `set` of family `f`.
+pub fn key_display(f: Family, set: &str, bytes: &[u8]) -> String {
+    display(f, key_shape(set), bytes)
+}
+
+/// An element's data in `set` of family `f`, as `nft` prints it.
+pub fn data_display(f: Family, set: &str, d: &ElementData) -> String {
+    let (code, chain) = match d {
+        ElementData::Set => return "present".to_owned(),
+        ElementData::Value(bytes) => return display(f, data_shape(set), bytes),
+        ElementData::Verdict(code, chain) => (code, chain),
     };
     let chain = chain.as_deref().unwrap_or("?");
     match *code {
@@ -347,12 +417,13 @@ pub fn compare(f: Family, expected: &Expected, found: Option<&TableContents>) ->
             continue;
         }
         let (a, b) = (e.elements.get(k), found.elements.get(k));
-        let service = expected.owners.get(k).cloned().or_else(|| {
-            b.and_then(|d| d.as_ref())
-                .and_then(|(_, chain)| chain.as_deref())
-                .and_then(rules::service_of)
+        let service = expected.owners.get(k).cloned().or_else(|| match b {
+            Some(ElementData::Verdict(_, Some(chain))) => rules::service_of(chain),
+            _ => None,
         });
-        let text = |d: Option<&ElementData>| d.map_or_else(|| ABSENT.to_owned(), data_display);
+        let text = |d: Option<&ElementData>| {
+            d.map_or_else(|| ABSENT.to_owned(), |d| data_display(f, set, d))
+        };
         out.push(
             Drift::new(
                 DriftKind::Element,
@@ -393,15 +464,17 @@ mod tests {
         c.sets.insert(rules::SERVICE_IPS.into(), 0);
         c.sets.insert(rules::HAIRPIN.into(), 0);
         c.sets.insert("aff-default/web/tcp/http".into(), 10_800_000);
-        c.elements
-            .insert(web_key(), Some((NFT_GOTO, Some(WEB_CHAIN.into()))));
+        c.elements.insert(
+            web_key(),
+            ElementData::Verdict(NFT_GOTO, Some(WEB_CHAIN.into())),
+        );
         let ip: IpAddr = "10.244.1.11".parse().unwrap();
         c.elements.insert(
             (
                 rules::HAIRPIN,
                 key_bytes(&[KeyPart::Addr(ip), KeyPart::Addr(ip)]),
             ),
-            None,
+            ElementData::Set,
         );
         Expected {
             owners: HashMap::from([(web_key(), "default/web".to_owned())]),
@@ -463,9 +536,12 @@ mod tests {
             for n in c.chains.values_mut().flatten() {
                 *n = 0;
             }
-            c.elements.insert(web_key(), Some((NF_DROP, None)));
             c.elements
-                .insert((rules::SERVICE_IPS, stray_key), Some((NF_ACCEPT, None)));
+                .insert(web_key(), ElementData::Verdict(NF_DROP, None));
+            c.elements.insert(
+                (rules::SERVICE_IPS, stray_key),
+                ElementData::Verdict(NF_ACCEPT, None),
+            );
         });
         let d = compare(Family::V4, &programmed(), Some(&f));
         let summary: Vec<(DriftKind, &str, &str, &str)> = d
@@ -589,8 +665,11 @@ mod tests {
         assert_eq!(
             elements_of(&a.buf),
             vec![
-                (web, Some((NFT_GOTO, Some(WEB_CHAIN.to_owned())))),
-                (vec![10, 0, 0, 1, 10, 0, 0, 1], None),
+                (
+                    web,
+                    ElementData::Verdict(NFT_GOTO, Some(WEB_CHAIN.to_owned()))
+                ),
+                (vec![10, 0, 0, 1, 10, 0, 0, 1], ElementData::Set),
             ]
         );
     }

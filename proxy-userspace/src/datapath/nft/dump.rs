@@ -1,7 +1,8 @@
 //! `dump` of the nftables datapath: our tables read back with `nft` and
-//! decoded per service (its map elements and chains, as `nft` prints them).
+//! decoded per service (its map elements and chains, as `nft` prints them;
+//! the endpoints each frontend picks from, one line per frontend).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
@@ -34,9 +35,13 @@ pub fn dump_tables() -> Result<Vec<TableDump>, NftError> {
             serde_json::from_str(&json_text).map_err(|e| NftError::Output(e.to_string()))?;
         let objects = doc["nftables"].as_array().cloned().unwrap_or_default();
         let mut per_service: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let pick_maps: Vec<&str> = rules::PICKS.iter().flat_map(|p| [p.2, p.3]).collect();
         for o in &objects {
             if let Some(map) = o.get("map") {
                 let name = map["name"].as_str().unwrap_or_default();
+                if pick_maps.contains(&name) {
+                    continue;
+                }
                 for elem in map["elem"].as_array().into_iter().flatten() {
                     // Elements without a service chain are the no-endpoint
                     // verdicts (reject-chain, drop).
@@ -53,6 +58,9 @@ pub fn dump_tables() -> Result<Vec<TableDump>, NftError> {
                 }
             }
         }
+        for (service, line) in frontend_endpoints(&objects) {
+            per_service.entry(service).or_default().push(line);
+        }
         for (chain, lines) in chains_of_listing(&listing) {
             if let Some(service) = rules::service_of(&chain) {
                 let entry = per_service.entry(service).or_default();
@@ -68,6 +76,78 @@ pub fn dump_tables() -> Result<Vec<TableDump>, NftError> {
         });
     }
     Ok(out)
+}
+
+/// The elements of map `name` in a `nft -j` listing.
+fn map_elements<'a>(objects: &'a [Value], name: &'a str) -> impl Iterator<Item = &'a Value> {
+    objects
+        .iter()
+        .filter_map(|o| o.get("map"))
+        .filter(move |m| m["name"] == name)
+        .flat_map(|m| m["elem"].as_array().into_iter().flatten())
+}
+
+/// A count or slot (`mark`) from `nft -j`, which prints its host-order
+/// bytes as a big-endian number.
+fn mark_of(v: &Value) -> Option<u32> {
+    let n = u32::try_from(v.as_u64()?).ok()?;
+    Some(u32::from_ne_bytes(n.to_be_bytes()))
+}
+
+/// One line per frontend that picks from the shared maps, with the
+/// service it belongs to (by the dispatch maps):
+/// `internal-endpoints: 10.96.0.10 . tcp . 80 -> 10.244.1.11 . 8080, …`,
+/// the endpoints by slot; a count that does not match them is shown.
+fn frontend_endpoints(objects: &[Value]) -> Vec<(String, String)> {
+    let mut owner: HashMap<String, String> = HashMap::new();
+    for map in [rules::SERVICE_IPS, rules::SERVICE_NODEPORTS] {
+        for elem in map_elements(objects, map) {
+            if let Some(service) = elem[1]["goto"]["target"]
+                .as_str()
+                .and_then(rules::service_of)
+            {
+                owner.insert(render_value(&elem[0]), service);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (_, _, counts_map, endpoints_map) in rules::PICKS {
+        let counts: BTreeMap<String, Option<u32>> = map_elements(objects, counts_map)
+            .map(|e| (render_value(&e[0]), mark_of(&e[1])))
+            .collect();
+        let mut slots: BTreeMap<String, BTreeMap<u32, String>> = BTreeMap::new();
+        for e in map_elements(objects, endpoints_map) {
+            let Some((slot, frontend)) = e[0]["concat"].as_array().and_then(|p| p.split_last())
+            else {
+                continue;
+            };
+            let frontend: Vec<String> = frontend.iter().map(render_value).collect();
+            slots
+                .entry(frontend.join(" . "))
+                .or_default()
+                .insert(mark_of(slot).unwrap_or(u32::MAX), render_value(&e[1]));
+        }
+        let frontends: std::collections::BTreeSet<&String> =
+            counts.keys().chain(slots.keys()).collect();
+        for frontend in frontends {
+            let endpoints: Vec<&str> = slots
+                .get(frontend)
+                .map(|s| s.values().map(String::as_str).collect())
+                .unwrap_or_default();
+            let mut line = format!("{endpoints_map}: {frontend} -> {}", endpoints.join(", "));
+            let count = counts.get(frontend).copied().flatten();
+            if count != Some(endpoints.len() as u32) {
+                let count = count.map_or_else(|| "none".to_owned(), |c| c.to_string());
+                line.push_str(&format!(" ({counts_map}: {count})"));
+            }
+            let service = owner
+                .get(frontend)
+                .cloned()
+                .unwrap_or_else(|| "(unowned endpoints)".to_owned());
+            out.push((service, line));
+        }
+    }
+    out
 }
 
 /// `dump`'s text form of [`dump_tables`].
@@ -151,6 +231,40 @@ fn render_value(v: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn each_frontend_shows_its_endpoints_by_slot_under_its_service() {
+        // nft -j prints a mark's host-order bytes as a big-endian number.
+        let mark = |n: u32| json!(u32::from_be_bytes(n.to_ne_bytes()));
+        let objects = vec![
+            json!({"map": {"name": "service-ips", "elem": [
+                [{"concat": ["10.96.0.10", "tcp", 80]}, {"goto": {"target": "svc-default/web/tcp/http"}}]
+            ]}}),
+            json!({"map": {"name": "internal-counts", "elem": [
+                [{"concat": ["10.96.0.10", "tcp", 80]}, mark(2)]
+            ]}}),
+            json!({"map": {"name": "internal-endpoints", "elem": [
+                [{"concat": ["10.96.0.10", "tcp", 80, mark(1)]}, {"concat": ["10.244.1.12", 8080]}],
+                [{"concat": ["10.96.0.10", "tcp", 80, mark(0)]}, {"concat": ["10.244.1.11", 8080]}]
+            ]}}),
+            json!({"map": {"name": "external-nodeport-counts", "elem": [
+                [{"concat": ["tcp", 30080]}, mark(3)]
+            ]}}),
+        ];
+        assert_eq!(
+            frontend_endpoints(&objects),
+            [
+                (
+                    "default/web".to_owned(),
+                    "internal-endpoints: 10.96.0.10 . tcp . 80 -> 10.244.1.11 . 8080, 10.244.1.12 . 8080".to_owned()
+                ),
+                (
+                    "(unowned endpoints)".to_owned(),
+                    "external-nodeport-endpoints: tcp . 30080 ->  (external-nodeport-counts: 3)".to_owned()
+                ),
+            ]
+        );
+    }
 
     #[test]
     fn map_keys_render_like_nft() {

@@ -137,7 +137,33 @@ pub enum Stmt {
     Reject,
     /// `update @set { ip saddr }`.
     UpdateSaddr(String),
+    /// DNAT to an endpoint of the packet's frontend when it has `count`
+    /// endpoints (see [`FrontendPick`]).
+    PickEndpoint(FrontendPick),
     Verdict(Verdict),
+}
+
+/// What a packet's frontend is looked up by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrontendKey {
+    /// `daddr . l4proto . dport`: cluster, external and load-balancer IPs.
+    Service,
+    /// `l4proto . dport`: node ports.
+    NodePort,
+}
+
+/// One rule's endpoint pick from shared maps: when the packet's frontend
+/// (by [`FrontendKey`]) has `count` endpoints in `counts`, DNAT to the
+/// `addr . port` of `frontend . (numgen random mod count)` in `endpoints`.
+/// numgen's modulus is a constant, hence one rule per count. The frontend
+/// itself is the key, not a group id looked up first: `nft` (1.0.6)
+/// aborts listing a rule whose lookup key holds a map's result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrontendPick {
+    pub key: FrontendKey,
+    pub counts: String,
+    pub endpoints: String,
+    pub count: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -191,6 +217,7 @@ impl Rule {
                 Stmt::RejectTcpReset => "reject with tcp reset".to_owned(),
                 Stmt::Reject => "reject".to_owned(),
                 Stmt::UpdateSaddr(set) => format!("update @{set} {{ {fam} saddr }}"),
+                Stmt::PickEndpoint(p) => p.text(f),
                 Stmt::Verdict(v) => v.to_string(),
             });
         }
@@ -301,6 +328,18 @@ fn immediate_value(a: &mut Attrs, dreg: u32, data: &[u8]) {
     });
 }
 
+/// DNAT to the address in register `addr` and the port in `port`.
+fn dnat(a: &mut Attrs, f: Family, addr: u32, port: u32) {
+    a.expr("nat", |e| {
+        e.be32(1, NAT_DNAT)
+            .be32(2, f.nfproto())
+            .be32(3, addr)
+            .be32(4, addr)
+            .be32(5, port)
+            .be32(6, port);
+    });
+}
+
 /// `daddr . l4proto . dport` into consecutive registers; returns the
 /// first.
 fn service_key(a: &mut Attrs, f: Family) -> u32 {
@@ -390,14 +429,7 @@ fn encode_stmt(a: &mut Attrs, f: Family, s: &Stmt) {
             let port_reg = r + 4;
             immediate_value(a, r, &addr_bytes(ip));
             immediate_value(a, port_reg, &port.to_be_bytes());
-            a.expr("nat", |e| {
-                e.be32(1, NAT_DNAT)
-                    .be32(2, f.nfproto())
-                    .be32(3, r)
-                    .be32(4, r)
-                    .be32(5, port_reg)
-                    .be32(6, port_reg);
-            });
+            dnat(a, f, r, port_reg);
         }
         Stmt::MarkSet(bits) | Stmt::MarkFlip(bits) => {
             meta_load(a, META_MARK, r);
@@ -435,12 +467,65 @@ fn encode_stmt(a: &mut Attrs, f: Family, s: &Stmt) {
                 e.str(1, set).be32(3, DYNSET_OP_UPDATE).be32(4, r);
             });
         }
+        Stmt::PickEndpoint(p) => p.encode(a, f),
         Stmt::Verdict(v) => {
             let (code, chain) = v.code();
             a.expr("immediate", |e| {
                 e.be32(1, REG_VERDICT).data_verdict(2, code, chain);
             });
         }
+    }
+}
+
+impl FrontendPick {
+    /// nft's listing of the rule's statement.
+    fn text(&self, f: Family) -> String {
+        let FrontendPick {
+            key,
+            counts,
+            endpoints,
+            count,
+        } = self;
+        let key = match key {
+            FrontendKey::Service => format!("{} daddr . meta l4proto . th dport", f.nft()),
+            FrontendKey::NodePort => "meta l4proto . th dport".to_owned(),
+        };
+        // The count has no type nft knows in this place: it prints its
+        // bytes (host order) as a big-endian number.
+        format!(
+            "{key} map @{counts} {:#x} [invalid type] dnat {} to {key} . numgen random mod {count} map @{endpoints}",
+            u32::from_be_bytes(count.to_ne_bytes()),
+            f.nft()
+        )
+    }
+
+    /// Registers: the frontend key from the first, the slot right after it
+    /// (so `key . slot` is one key), the count after the slot; the
+    /// endpoint's address from there on (the count is read by then), its
+    /// port next.
+    fn encode(&self, a: &mut Attrs, f: Family) {
+        let first = REG32_00;
+        let slot = match self.key {
+            FrontendKey::Service => service_key(a, f) + regs(f.addr_len()) + 2,
+            FrontendKey::NodePort => {
+                meta_load(a, META_L4PROTO, first);
+                payload(a, first + 1, BASE_TRANSPORT, 2, 2);
+                first + 2
+            }
+        };
+        let count = slot + 1;
+        lookup(a, &self.counts, first, Some(count), false);
+        cmp(a, count, CMP_EQ, &self.count.to_ne_bytes());
+        a.expr("numgen", |e| {
+            e.be32(1, slot)
+                .be32(2, self.count)
+                .be32(3, NG_RANDOM)
+                .be32(4, 0);
+        });
+        let addr = slot + 1;
+        let port = addr + regs(f.addr_len());
+        lookup(a, &self.endpoints, first, Some(addr), false);
+        dnat(a, f, addr, port);
     }
 }
 
@@ -464,6 +549,7 @@ pub fn key_bytes(parts: &[KeyPart]) -> Vec<u8> {
             KeyPart::Addr(ip) => out.extend(addr_bytes(ip)),
             KeyPart::Proto(p) => out.push(*p),
             KeyPart::Port(port) => out.extend(port.to_be_bytes()),
+            KeyPart::Mark(n) => out.extend(n.to_ne_bytes()),
         }
         while !(out.len() - start).is_multiple_of(4) {
             out.push(0);
@@ -483,6 +569,7 @@ pub fn key_text(parts: &[KeyPart]) -> String {
             KeyPart::Addr(ip) => write!(s, "{ip}"),
             KeyPart::Proto(p) => write!(s, "{}", proto_name(*p)),
             KeyPart::Port(port) => write!(s, "{port}"),
+            KeyPart::Mark(n) => write!(s, "{n}"),
         };
     }
     s
@@ -493,6 +580,9 @@ pub enum KeyPart {
     Addr(IpAddr),
     Proto(u8),
     Port(u16),
+    /// A 32-bit number in host order, as nft's `mark` type and numgen
+    /// hold it: endpoint counts and slots.
+    Mark(u32),
 }
 
 #[cfg(test)]

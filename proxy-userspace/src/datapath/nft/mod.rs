@@ -14,8 +14,12 @@
 //!   touched, so established connections keep their NAT, and affinity
 //!   sets that still apply keep their entries across a restart.
 //! * Later applies build one transaction per family holding only the
-//!   services that changed: their map elements, their chains (rewritten
-//!   whole) and the removal of chains and sets no longer referenced.
+//!   services that changed: their map elements, their chains whose rules
+//!   changed (rewritten whole) and the removal of chains and sets no
+//!   longer referenced. An endpoint change of a service without affinity
+//!   is elements only (its frontends' counts and endpoints, see [`rules`]),
+//!   unless its new endpoint count has no pick rules yet: then the pick
+//!   chains are rewritten in the same transaction.
 //! * After a sync, UDP conntrack entries that point at removed endpoints,
 //!   or hold a flow from before a service's first endpoint, are deleted
 //!   over ctnetlink ([`conntrack`]); after a full sync, every UDP entry to
@@ -45,8 +49,8 @@ use crate::model::claims::{Claims, Frontend, FrontendIp};
 use crate::model::{LocalState, ObjectKey, Protocol, ServiceEndpoints};
 use crate::net::Cidr;
 use batch::{Batch, Element};
-use expr::{key_bytes, key_text, KeyPart, Verdict};
-use rules::{ElementKey, Family, ServiceObjects, TABLE};
+use expr::{key_bytes, key_text, KeyPart};
+use rules::{ElementKey, ElementValue, Family, ServiceObjects, TABLE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {
@@ -82,23 +86,34 @@ pub fn commit(f: Family, batch: Batch) -> Result<(), NftError> {
     Ok(())
 }
 
-fn element(key: &[KeyPart], verdict: Option<&Verdict>) -> Element {
+fn element(key: &[KeyPart], value: Option<&ElementValue>) -> Element {
+    let (verdict, data) = match value {
+        Some(ElementValue::Verdict(v)) => {
+            let (code, chain) = v.code();
+            (Some((code, chain.map(str::to_owned))), None)
+        }
+        Some(ElementValue::Data(parts)) => (None, Some(key_bytes(parts))),
+        None => (None, None),
+    };
     Element {
         key: key_bytes(key),
-        verdict: verdict.map(|v| {
-            let (code, chain) = v.code();
-            (code, chain.map(str::to_owned))
-        }),
+        verdict,
+        data,
     }
 }
 
-/// The frontend a map element answers for (`None`: not a frontend map).
+/// The frontend a map element answers for (`None`: not a frontend map):
+/// its key is the frontend, or the frontend and an endpoint slot.
 fn element_frontend(ek: &ElementKey) -> Option<Frontend> {
     let (ip, protocol, port) = match ek.1.as_slice() {
-        [KeyPart::Addr(ip), KeyPart::Proto(p), KeyPart::Port(port)] => {
+        [KeyPart::Addr(ip), KeyPart::Proto(p), KeyPart::Port(port)]
+        | [KeyPart::Addr(ip), KeyPart::Proto(p), KeyPart::Port(port), KeyPart::Mark(_)] => {
             (FrontendIp::Ip(*ip), *p, *port)
         }
-        [KeyPart::Proto(p), KeyPart::Port(port)] => (FrontendIp::NodePort, *p, *port),
+        [KeyPart::Proto(p), KeyPart::Port(port)]
+        | [KeyPart::Proto(p), KeyPart::Port(port), KeyPart::Mark(_)] => {
+            (FrontendIp::NodePort, *p, *port)
+        }
         _ => return None,
     };
     Some(Frontend {
@@ -121,7 +136,7 @@ fn add_rules(batch: &mut Batch, f: Family, chain: &str, rules: &[expr::Rule]) {
 
 /// Elements grouped per map, for one message per map (and chunk).
 fn grouped<'a>(
-    items: impl IntoIterator<Item = (&'a ElementKey, Option<&'a Verdict>)>,
+    items: impl IntoIterator<Item = (&'a ElementKey, Option<&'a ElementValue>)>,
 ) -> BTreeMap<&'static str, (Vec<Element>, Vec<String>)> {
     let mut out: BTreeMap<&'static str, (Vec<Element>, Vec<String>)> = BTreeMap::new();
     for ((map, key), verdict) in items {
@@ -142,6 +157,10 @@ fn describe(map: &str, keys: &[String], total: usize) -> String {
     };
     format!("element {map} {{ {}{more} }}", keys.join(", "))
 }
+
+/// How many commands of the last transaction [`NftDatapath::last_transaction`]
+/// keeps.
+pub const LAST_TRANSACTION_KEPT: usize = 64;
 
 /// `kubeproxy_sync_proxy_rules_nftables_*` (SPEC §5.1), nftables mode only.
 #[derive(Clone, Debug)]
@@ -194,6 +213,11 @@ pub struct NftDatapath {
     hairpin_refs: HashMap<(Family, IpAddr), usize>,
     /// `--nodeport-addresses` (empty: every local address).
     nodeport_addresses: Vec<Cidr>,
+    /// The endpoint counts the pick chains have rules for, per family.
+    pick_counts: HashMap<Family, BTreeSet<u32>>,
+    /// The commands of the last transaction per family (the first
+    /// [`LAST_TRANSACTION_KEPT`]) and their number.
+    last_transaction: HashMap<Family, (usize, Vec<String>)>,
     /// Why this datapath runs (the requested mode, auto's fallback
     /// reason): kept in the table for `dump`.
     note: String,
@@ -221,6 +245,8 @@ impl NftDatapath {
             hairpin_refs: HashMap::new(),
             note: "proxy-mode nftables".to_owned(),
             nodeport_addresses: Vec::new(),
+            pick_counts: HashMap::new(),
+            last_transaction: HashMap::new(),
         })
     }
 
@@ -235,6 +261,21 @@ impl NftDatapath {
     pub fn with_nodeport_addresses(mut self, cidrs: Vec<Cidr>) -> Self {
         self.nodeport_addresses = cidrs;
         self
+    }
+
+    /// What the last transaction sent for family `f` did: its number of
+    /// commands and the first [`LAST_TRANSACTION_KEPT`] of them as
+    /// `add rule …`, `delete element endpoints { … }`.
+    pub fn last_transaction(&self, f: Family) -> Option<&(usize, Vec<String>)> {
+        self.last_transaction.get(&f)
+    }
+
+    /// Sends `b`, keeping what it did.
+    fn send(&mut self, f: Family, b: Batch) -> Result<(), NftError> {
+        let kept = b.descriptions().iter().take(LAST_TRANSACTION_KEPT);
+        self.last_transaction
+            .insert(f, (b.len(), kept.cloned().collect()));
+        commit(f, b)
     }
 
     /// Records why nftables runs; `dump` shows it from the table.
@@ -351,7 +392,13 @@ impl NftDatapath {
                 b.add_chain(fam, TABLE, name, None);
             }
         }
-        for (chain, rule) in rules::base_rules(f, &self.nodeport_addresses) {
+        let counts = rules::pick_counts(
+            programmed
+                .iter()
+                .flat_map(|(_, o)| o.counts.iter().copied()),
+        );
+        let base = rules::base_rules(f, &self.nodeport_addresses);
+        for (chain, rule) in base.into_iter().chain(rules::pick_rules(&counts)) {
             add_rules(&mut b, f, chain, std::slice::from_ref(&rule));
         }
         for (_, objs) in &programmed {
@@ -376,7 +423,8 @@ impl NftDatapath {
                 format!("element {} ({} addresses)", rules::HAIRPIN, hp.len()),
             );
         }
-        commit(f, b)?;
+        self.send(f, b)?;
+        self.pick_counts.insert(f, counts);
         self.programmed.retain(|(_, fam), _| *fam != f);
         self.hairpin_refs.retain(|(fam, _), _| *fam != f);
         self.hairpin_refs.extend(hairpin);
@@ -398,8 +446,10 @@ impl NftDatapath {
         claims: &Claims,
     ) -> Result<(), NftError> {
         let fam = f.nfproto_u8();
-        let mut del_elems: Vec<(ElementKey, Verdict)> = Vec::new();
-        let mut add_elems: Vec<(ElementKey, Verdict)> = Vec::new();
+        let mut del_elems: Vec<(ElementKey, ElementValue)> = Vec::new();
+        let mut add_elems: Vec<(ElementKey, ElementValue)> = Vec::new();
+        // The endpoint counts in use.
+        let mut counts_in_use = BTreeSet::new();
         let (mut flushes, mut del_chains, mut del_sets) = (Vec::new(), Vec::new(), Vec::new());
         let (mut add_sets, mut add_chains) = (Vec::new(), Vec::new());
         let mut add_rule_sets: Vec<(String, Vec<expr::Rule>)> = Vec::new();
@@ -435,12 +485,16 @@ impl NftDatapath {
             for ip in &new.hairpin {
                 *hairpin_delta.entry(*ip).or_default() += 1;
             }
-            // Chains of a changed service are rewritten whole: a chain
-            // whose rules did not change may still point at a set that is
-            // re-created with a new timeout.
+            counts_in_use.extend(new.counts.iter().copied());
+            // A chain is rewritten whole when its rules changed, or when
+            // the service's affinity sets did (a chain whose rules did not
+            // change may still point at a set re-created with a new
+            // timeout). A chain that ends in a pick chain keeps its rules
+            // while the service has endpoints.
+            let sets_changed = old.sets != new.sets;
             for name in old.chains.keys() {
-                flushes.push(name.clone());
                 if !new.chains.contains_key(name) {
+                    flushes.push(name.clone());
                     del_chains.push(name.clone());
                 }
             }
@@ -455,12 +509,35 @@ impl NftDatapath {
                 }
             }
             for (name, chain_rules) in &new.chains {
-                if !old.chains.contains_key(name) {
-                    add_chains.push(name.clone());
+                match old.chains.get(name) {
+                    None => add_chains.push(name.clone()),
+                    Some(old_rules) if sets_changed || old_rules != chain_rules => {
+                        flushes.push(name.clone());
+                    }
+                    Some(_) => continue,
                 }
                 add_rule_sets.push((name.clone(), chain_rules.clone()));
             }
             results.push((key.clone(), new));
+        }
+        // A count without pick rules: both pick chains are rewritten with
+        // rules for it and its neighbours (counts no longer in use keep
+        // theirs until the next full sync, so a service going back and
+        // forth does not rewrite them every time).
+        let current = self.pick_counts.get(&f).cloned().unwrap_or_default();
+        let missing: Vec<u32> = counts_in_use.difference(&current).copied().collect();
+        let pick_counts = (!missing.is_empty()).then(|| {
+            let mut c = current.clone();
+            c.extend(rules::pick_counts(missing));
+            c
+        });
+        if let Some(c) = &pick_counts {
+            for chain in [rules::PICK_INTERNAL, rules::PICK_EXTERNAL] {
+                flushes.push(chain.to_owned());
+            }
+            for (chain, rule) in rules::pick_rules(c) {
+                add_rule_sets.push((chain.to_owned(), vec![rule]));
+            }
         }
         let mut counts = Vec::new();
         let (mut gone, mut new_hp) = (Vec::new(), Vec::new());
@@ -522,7 +599,10 @@ impl NftDatapath {
                 format!("add element {}", rules::HAIRPIN),
             );
         }
-        commit(f, b)?;
+        self.send(f, b)?;
+        if let Some(c) = pick_counts {
+            self.pick_counts.insert(f, c);
+        }
         for (k, n) in counts {
             if n == 0 {
                 self.hairpin_refs.remove(&k);

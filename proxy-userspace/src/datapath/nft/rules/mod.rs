@@ -1,6 +1,6 @@
 //! Pure builders: a [`ServiceEndpoints`] in, the nftables objects it needs
-//! out (chains with their [`Rule`]s, affinity sets, verdict-map elements,
-//! hairpin addresses). No I/O here.
+//! out (chains with their [`Rule`]s, affinity sets, map elements, the
+//! endpoint counts in use, hairpin addresses). No I/O here.
 //!
 //! Layout per family (`ip`/`ip6`), table [`TABLE`], shaped like
 //! kube-proxy's nftables mode:
@@ -14,13 +14,44 @@
 //!   unreachable) before any NAT happens;
 //! * per service port a cluster chain `svc-…` (traffic to cluster IPs,
 //!   the `internal` scope) and an external chain `ext-…` (node ports,
-//!   external and load-balancer IPs, the `external` scope) pick an
-//!   endpoint and DNAT to it in one rule per endpoint: rule *i* of *N*
-//!   matches `numgen random mod (N - i) 0`, which gives every endpoint
-//!   1/N; ClientIP affinity rules come first;
+//!   external and load-balancer IPs, the `external` scope) hold the
+//!   masquerade marks, the load-balancer firewall and the eTP=Local
+//!   short-circuit, and end in `goto pick-internal` / `goto pick-external`;
+//! * the endpoints are map elements, per scope and per frontend (a
+//!   service address `daddr . l4proto . dport`, or a node port `l4proto .
+//!   dport`): `internal-counts` holds a frontend's number of endpoints,
+//!   `internal-endpoints` its endpoints by slot (`daddr . l4proto . dport
+//!   . slot` → `addr . port`), `internal-nodeport-counts` and
+//!   `internal-nodeport-endpoints` the same by node port, and `external-…`
+//!   likewise. The internal maps also hold the external addresses and
+//!   node ports of eTP=Local services, whose pods and node short-circuit
+//!   to the cluster chain;
+//! * `pick-internal` and `pick-external` hold, per endpoint count *k* (see
+//!   [`pick_counts`]), one rule per kind of frontend: when the packet's
+//!   frontend has *k* endpoints, DNAT to `frontend . (numgen random mod
+//!   k)` in the endpoints map ([`FrontendPick`]). Address rules come
+//!   before node-port rules, so a service address whose port equals a
+//!   node port is not taken for it. Each rule derives the frontend from
+//!   the packet: a register does not outlive its chain, numgen's modulus
+//!   is a constant, and `nft` cannot list a rule that looks a map up by
+//!   another map's result (so no group ids in between);
+//! * a service with ClientIP affinity keeps one rule per endpoint in its
+//!   chains instead (rule *i* of *N* matches `numgen random mod (N - i)
+//!   0`, which gives every endpoint 1/N), after its per-endpoint affinity
+//!   rules;
 //! * `nat-postrouting` masquerades hairpin connections (a pod sent to
 //!   itself: `saddr . daddr` in the `hairpin` set) and what was marked
 //!   with [`MASQ_MARK`].
+//!
+//! Why maps: the kernel validates the whole table (about 95 ms at 50,000
+//! services) when a transaction adds a rule with a jump, NAT, fib or
+//! lookup, or a verdict element with a jump or goto; data-map elements
+//! cost microseconds. An endpoint change of a service without affinity
+//! (its count staying at least 1) is elements of the count and endpoint
+//! maps and of `hairpin` only. The number of rules that read the data
+//! maps stays fixed whatever the number of services: the kernel checks
+//! every new map element against every rule that reads the map, and
+//! walks the map for every new such rule.
 //!
 //! No per-endpoint chains and no anonymous sets: the kernel looks named
 //! sets up by a list walk and binds anonymous ones by walking the whole
@@ -33,6 +64,7 @@ use std::net::IpAddr;
 pub use super::batch::Family;
 use super::batch::{SetSpec, NFT_SET_EVAL, NFT_SET_MAP, NFT_SET_TIMEOUT};
 use super::expr::{Field, KeyPart, Match, Rule, Stmt, Verdict};
+pub use super::expr::{FrontendKey, FrontendPick};
 use crate::model::{
     EndpointScopes, LocalEndpoint, LocalService, Protocol, ServiceEndpoints, TrafficPolicy,
 };
@@ -48,14 +80,64 @@ pub const SERVICE_NODEPORTS: &str = "service-nodeports";
 pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const HAIRPIN: &str = "hairpin";
+/// Per scope, by `daddr . l4proto . dport` and by `l4proto . dport`:
+/// a frontend's number of endpoints, and its endpoints by slot
+/// (`frontend . slot` → `addr . port`).
+pub const INTERNAL_COUNTS: &str = "internal-counts";
+pub const INTERNAL_NODEPORT_COUNTS: &str = "internal-nodeport-counts";
+pub const EXTERNAL_COUNTS: &str = "external-counts";
+pub const EXTERNAL_NODEPORT_COUNTS: &str = "external-nodeport-counts";
+pub const INTERNAL_ENDPOINTS: &str = "internal-endpoints";
+pub const INTERNAL_NODEPORT_ENDPOINTS: &str = "internal-nodeport-endpoints";
+pub const EXTERNAL_ENDPOINTS: &str = "external-endpoints";
+pub const EXTERNAL_NODEPORT_ENDPOINTS: &str = "external-nodeport-endpoints";
+/// (pick chain, key, counts map, endpoints map) of each scope and key.
+pub const PICKS: [(&str, FrontendKey, &str, &str); 4] = [
+    (
+        PICK_INTERNAL,
+        FrontendKey::Service,
+        INTERNAL_COUNTS,
+        INTERNAL_ENDPOINTS,
+    ),
+    (
+        PICK_INTERNAL,
+        FrontendKey::NodePort,
+        INTERNAL_NODEPORT_COUNTS,
+        INTERNAL_NODEPORT_ENDPOINTS,
+    ),
+    (
+        PICK_EXTERNAL,
+        FrontendKey::Service,
+        EXTERNAL_COUNTS,
+        EXTERNAL_ENDPOINTS,
+    ),
+    (
+        PICK_EXTERNAL,
+        FrontendKey::NodePort,
+        EXTERNAL_NODEPORT_COUNTS,
+        EXTERNAL_NODEPORT_ENDPOINTS,
+    ),
+];
 /// The maps and sets every table has.
-pub const BASE_SETS: [&str; 5] = [
+pub const BASE_SETS: [&str; 13] = [
     SERVICE_IPS,
     SERVICE_NODEPORTS,
     NO_ENDPOINT_SERVICES,
     NO_ENDPOINT_NODEPORTS,
     HAIRPIN,
+    INTERNAL_COUNTS,
+    INTERNAL_NODEPORT_COUNTS,
+    EXTERNAL_COUNTS,
+    EXTERNAL_NODEPORT_COUNTS,
+    INTERNAL_ENDPOINTS,
+    INTERNAL_NODEPORT_ENDPOINTS,
+    EXTERNAL_ENDPOINTS,
+    EXTERNAL_NODEPORT_ENDPOINTS,
 ];
+/// The chains that pick an endpoint of the internal and the external
+/// scope.
+pub const PICK_INTERNAL: &str = "pick-internal";
+pub const PICK_EXTERNAL: &str = "pick-external";
 /// A rule-less chain whose comment says which mode runs and why
 /// (`dump` shows it).
 pub const INFO_CHAIN: &str = "datapath-info";
@@ -66,6 +148,7 @@ const REJECT_CHAIN: &str = "reject-chain";
 // part in by 6 bits, as nft does).
 const TYPE_INET_PROTO: u32 = 12;
 const TYPE_INET_SERVICE: u32 = 13;
+const TYPE_MARK: u32 = 19;
 
 fn concat_type(parts: &[u32]) -> u32 {
     parts.iter().fold(0, |acc, t| (acc << 6) | t)
@@ -74,6 +157,23 @@ fn concat_type(parts: &[u32]) -> u32 {
 /// A map element's identity: the map and its key.
 pub type ElementKey = (&'static str, Vec<KeyPart>);
 
+/// A map element's value: a verdict, or data (a count, an endpoint's
+/// `addr . port`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ElementValue {
+    Verdict(Verdict),
+    Data(Vec<KeyPart>),
+}
+
+impl std::fmt::Display for ElementValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ElementValue::Verdict(v) => v.fmt(f),
+            ElementValue::Data(parts) => f.write_str(&super::expr::key_text(parts)),
+        }
+    }
+}
+
 /// Everything one service owns in one family's table.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ServiceObjects {
@@ -81,11 +181,14 @@ pub struct ServiceObjects {
     pub chains: BTreeMap<String, Vec<Rule>>,
     /// Affinity set name → timeout in seconds.
     pub sets: BTreeMap<String, u32>,
-    /// (map, key) → verdict.
-    pub elements: BTreeMap<ElementKey, Verdict>,
+    /// (map, key) → verdict or data.
+    pub elements: BTreeMap<ElementKey, ElementValue>,
     /// Endpoint addresses this service DNATs to: `addr . addr` goes in the
     /// `hairpin` set while some service uses the address.
     pub hairpin: BTreeSet<IpAddr>,
+    /// The endpoint counts of its frontends that pick from the shared
+    /// maps (the pick chains need rules for them).
+    pub counts: BTreeSet<u32>,
 }
 
 pub fn l4(p: Protocol) -> &'static str {
@@ -136,8 +239,20 @@ pub fn base_sets(f: Family) -> Vec<SetSpec> {
         key_type,
         key_len,
         timeout_ms: 0,
+        data: None,
     };
-    vec![
+    let data_map = |name: &str, key_type: u32, key_len: u32, data: (u32, u32)| SetSpec {
+        data: Some(data),
+        ..map(name, key_type, key_len)
+    };
+    let count = (TYPE_MARK, 4);
+    let endpoint = (
+        concat_type(&[f.addr_type(), TYPE_INET_SERVICE]),
+        f.addr_len() + 4,
+    );
+    let ip_slot = concat_type(&[f.addr_type(), TYPE_INET_PROTO, TYPE_INET_SERVICE, TYPE_MARK]);
+    let port_slot = concat_type(&[TYPE_INET_PROTO, TYPE_INET_SERVICE, TYPE_MARK]);
+    let mut sets = vec![
         map(SERVICE_IPS, ip_key, f.addr_len() + 8),
         map(SERVICE_NODEPORTS, port_key, 8),
         map(NO_ENDPOINT_SERVICES, ip_key, f.addr_len() + 8),
@@ -148,8 +263,22 @@ pub fn base_sets(f: Family) -> Vec<SetSpec> {
             key_type: concat_type(&[f.addr_type(), f.addr_type()]),
             key_len: 2 * f.addr_len(),
             timeout_ms: 0,
+            data: None,
         },
-    ]
+    ];
+    for (_, key, counts, endpoints) in PICKS {
+        sets.extend(match key {
+            FrontendKey::Service => [
+                data_map(counts, ip_key, f.addr_len() + 8, count),
+                data_map(endpoints, ip_slot, f.addr_len() + 12, endpoint),
+            ],
+            FrontendKey::NodePort => [
+                data_map(counts, port_key, 8, count),
+                data_map(endpoints, port_slot, 12, endpoint),
+            ],
+        });
+    }
+    sets
 }
 
 /// An affinity set: source addresses with a timeout, updated by rules.
@@ -160,6 +289,7 @@ pub fn affinity_set(f: Family, name: &str, timeout_secs: u32) -> SetSpec {
         key_type: f.addr_type(),
         key_len: f.addr_len(),
         timeout_ms: u64::from(timeout_secs) * 1000,
+        data: None,
     }
 }
 
@@ -181,13 +311,46 @@ pub const BASE_CHAINS: [BaseChain; 6] = [
 ];
 
 /// The regular chains every table has.
-pub const HELPER_CHAINS: [&str; 5] = [
+pub const HELPER_CHAINS: [&str; 7] = [
     "services",
     "endpoints-check",
     "masquerading",
     MARK_FOR_MASQUERADE,
     REJECT_CHAIN,
+    PICK_INTERNAL,
+    PICK_EXTERNAL,
 ];
+
+/// The endpoint counts the pick chains have rules for, given the counts
+/// in use: each of them and its neighbours, so a frontend that gains or
+/// loses one endpoint finds its rules already there (adding one means
+/// validating the whole table).
+pub fn pick_counts(in_use: impl IntoIterator<Item = u32>) -> BTreeSet<u32> {
+    in_use
+        .into_iter()
+        .flat_map(|n| [n.saturating_sub(1), n, n.saturating_add(1)])
+        .filter(|n| *n > 0)
+        .collect()
+}
+
+/// The rules of the pick chains for endpoint counts `counts`: per chain
+/// every address rule, then every node-port rule (a packet whose address
+/// is a frontend must not be taken for a node port).
+pub fn pick_rules(counts: &BTreeSet<u32>) -> Vec<(&'static str, Rule)> {
+    let mut out = Vec::new();
+    for (chain, key, counts_map, endpoints) in PICKS {
+        for &count in counts {
+            let pick = FrontendPick {
+                key,
+                counts: counts_map.to_owned(),
+                endpoints: endpoints.to_owned(),
+                count,
+            };
+            out.push((chain, Rule::new(vec![], vec![Stmt::PickEndpoint(pick)])));
+        }
+    }
+    out
+}
 
 /// The rules of the base and helper chains. Node ports answer on every
 /// local address but loopback, or, with `nodeport_addresses`

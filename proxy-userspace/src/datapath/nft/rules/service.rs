@@ -1,5 +1,5 @@
-//! One service's objects: its chains, affinity sets, map elements and
-//! hairpin addresses, from its [`ServiceEndpoints`].
+//! One service's objects: its chains, affinity sets, map elements,
+//! endpoint counts and hairpin addresses, from its [`ServiceEndpoints`].
 
 use super::*;
 
@@ -37,6 +37,41 @@ struct Target<'a> {
     ep: &'a LocalEndpoint,
     port: u16,
     scopes: EndpointScopes,
+}
+
+/// The endpoints `chosen` for frontend `key` (`daddr . l4proto . dport`
+/// or `l4proto . dport`) in the maps of the internal or the external
+/// scope: its count, its endpoints by slot.
+fn frontend_endpoints(
+    out: &mut ServiceObjects,
+    pick_chain: &str,
+    key: &[KeyPart],
+    chosen: &[&Target<'_>],
+) {
+    let by = if key.len() == 3 {
+        FrontendKey::Service
+    } else {
+        FrontendKey::NodePort
+    };
+    let Some((_, _, counts, endpoints)) = PICKS.iter().find(|p| p.0 == pick_chain && p.1 == by)
+    else {
+        return;
+    };
+    let count = chosen.len() as u32;
+    out.counts.insert(count);
+    out.elements.insert(
+        (counts, key.to_vec()),
+        ElementValue::Data(vec![KeyPart::Mark(count)]),
+    );
+    for (slot, t) in chosen.iter().enumerate() {
+        let mut k = key.to_vec();
+        k.push(KeyPart::Mark(slot as u32));
+        out.elements.insert(
+            (endpoints, k),
+            ElementValue::Data(vec![KeyPart::Addr(t.ep.ip), KeyPart::Port(t.port)]),
+        );
+        out.hairpin.insert(t.ep.ip);
+    }
 }
 
 /// What one service needs in family `f`.
@@ -103,21 +138,18 @@ pub fn service_objects(
         let external: Vec<&Target<'_>> = targets.iter().filter(|t| t.scopes.external).collect();
         let exposed = !external_ips.is_empty() || pm.node_port != 0;
 
-        // The endpoint choice: affinity first, then a random pick, one
-        // rule per endpoint.
-        let pick = |chosen: &[&Target<'_>], out: &mut ServiceObjects| -> Vec<Rule> {
+        // With ClientIP affinity: the affinity rules, then a random pick,
+        // one rule per endpoint.
+        let affinity_pick = |timeout: u32, chosen: &[&Target<'_>], out: &mut ServiceObjects| {
             let mut rules = Vec::new();
-            let affinity = svc.session_affinity_timeout;
             let dnat = |t: &Target<'_>| Stmt::Dnat(t.ep.ip, t.port);
-            if let Some(timeout) = affinity {
-                for t in chosen {
-                    let set = aff_set(t);
-                    out.sets.insert(set.clone(), timeout);
-                    rules.push(Rule::new(
-                        vec![Match::SaddrIn(set.clone()), Match::L4Proto(proto)],
-                        vec![Stmt::UpdateSaddr(set), dnat(t)],
-                    ));
-                }
+            for t in chosen {
+                let set = aff_set(t);
+                out.sets.insert(set.clone(), timeout);
+                rules.push(Rule::new(
+                    vec![Match::SaddrIn(set.clone()), Match::L4Proto(proto)],
+                    vec![Stmt::UpdateSaddr(set), dnat(t)],
+                ));
             }
             let n = chosen.len();
             for (i, t) in chosen.iter().enumerate() {
@@ -126,16 +158,15 @@ pub fn service_objects(
                     matches.push(Match::OneIn((n - i) as u32));
                 }
                 matches.push(Match::L4Proto(proto));
-                let mut stmts = Vec::new();
-                if affinity.is_some() {
-                    stmts.push(Stmt::UpdateSaddr(aff_set(t)));
-                }
-                stmts.push(dnat(t));
-                rules.push(Rule::new(matches, stmts));
+                rules.push(Rule::new(
+                    matches,
+                    vec![Stmt::UpdateSaddr(aff_set(t)), dnat(t)],
+                ));
                 out.hairpin.insert(t.ep.ip);
             }
             rules
         };
+        let affinity = svc.session_affinity_timeout;
 
         let svc_chain = format!("svc-{id}");
         let key_of = |ip: &IpAddr| {
@@ -149,7 +180,7 @@ pub fn service_objects(
             for ip in &cluster_ips {
                 out.elements.insert(
                     (NO_ENDPOINT_SERVICES, key_of(ip)),
-                    Verdict::Goto(REJECT_CHAIN.to_owned()),
+                    ElementValue::Verdict(Verdict::Goto(REJECT_CHAIN.to_owned())),
                 );
             }
         } else if !cluster_ips.is_empty() {
@@ -165,11 +196,21 @@ pub fn service_objects(
                     vec![jump(MARK_FOR_MASQUERADE)],
                 ));
             }
-            rules.extend(pick(&internal, &mut out));
+            match affinity {
+                Some(timeout) => rules.extend(affinity_pick(timeout, &internal, &mut out)),
+                None => {
+                    for ip in &cluster_ips {
+                        frontend_endpoints(&mut out, PICK_INTERNAL, &key_of(ip), &internal);
+                    }
+                    rules.push(Rule::new(vec![], vec![goto(PICK_INTERNAL)]));
+                }
+            }
             out.chains.insert(svc_chain.clone(), rules);
             for ip in &cluster_ips {
-                out.elements
-                    .insert((SERVICE_IPS, key_of(ip)), Verdict::Goto(svc_chain.clone()));
+                out.elements.insert(
+                    (SERVICE_IPS, key_of(ip)),
+                    ElementValue::Verdict(Verdict::Goto(svc_chain.clone())),
+                );
             }
         }
 
@@ -188,12 +229,16 @@ pub fn service_objects(
                 Verdict::Goto(REJECT_CHAIN.to_owned())
             };
             for ip in &external_ips {
-                out.elements
-                    .insert((NO_ENDPOINT_SERVICES, key_of(ip)), verdict.clone());
+                out.elements.insert(
+                    (NO_ENDPOINT_SERVICES, key_of(ip)),
+                    ElementValue::Verdict(verdict.clone()),
+                );
             }
             if pm.node_port != 0 {
-                out.elements
-                    .insert((NO_ENDPOINT_NODEPORTS, node_port_key), verdict);
+                out.elements.insert(
+                    (NO_ENDPOINT_NODEPORTS, node_port_key),
+                    ElementValue::Verdict(verdict),
+                );
             }
             continue;
         }
@@ -224,7 +269,16 @@ pub fn service_objects(
         } else if out.chains.contains_key(&svc_chain) {
             // SPEC §8.6 short-circuit: pods and the node itself use the
             // cluster chain even with eTP=Local (the node's own traffic is
-            // masqueraded so replies come back through it).
+            // masqueraded so replies come back through it). Its pick finds
+            // the internal endpoints by the external address or node port.
+            if affinity.is_none() {
+                for ip in &external_ips {
+                    frontend_endpoints(&mut out, PICK_INTERNAL, &key_of(ip), &internal);
+                }
+                if pm.node_port != 0 {
+                    frontend_endpoints(&mut out, PICK_INTERNAL, &node_port_key, &internal);
+                }
+            }
             for c in &cidrs {
                 rules.push(Rule::new(
                     vec![addr_match(Field::Saddr, false, *c)],
@@ -240,15 +294,30 @@ pub fn service_objects(
                 vec![goto(&svc_chain)],
             ));
         }
-        rules.extend(pick(&external, &mut out));
+        match affinity {
+            Some(timeout) => rules.extend(affinity_pick(timeout, &external, &mut out)),
+            None => {
+                for ip in &external_ips {
+                    frontend_endpoints(&mut out, PICK_EXTERNAL, &key_of(ip), &external);
+                }
+                if pm.node_port != 0 {
+                    frontend_endpoints(&mut out, PICK_EXTERNAL, &node_port_key, &external);
+                }
+                rules.push(Rule::new(vec![], vec![goto(PICK_EXTERNAL)]));
+            }
+        }
         out.chains.insert(ext_chain.clone(), rules);
         for ip in &external_ips {
-            out.elements
-                .insert((SERVICE_IPS, key_of(ip)), Verdict::Goto(ext_chain.clone()));
+            out.elements.insert(
+                (SERVICE_IPS, key_of(ip)),
+                ElementValue::Verdict(Verdict::Goto(ext_chain.clone())),
+            );
         }
         if pm.node_port != 0 {
-            out.elements
-                .insert((SERVICE_NODEPORTS, node_port_key), Verdict::Goto(ext_chain));
+            out.elements.insert(
+                (SERVICE_NODEPORTS, node_port_key),
+                ElementValue::Verdict(Verdict::Goto(ext_chain)),
+            );
         }
     }
     out
@@ -283,6 +352,39 @@ pub(in crate::datapath::nft) mod tests {
         se
     }
 
+    use service_objects as objects;
+
+    fn goto(chain: &str) -> ElementValue {
+        ElementValue::Verdict(Verdict::Goto(chain.into()))
+    }
+
+    /// The endpoints of `frontend` in `endpoints`, by slot, as `addr .
+    /// port`, after checking their count in `counts`.
+    fn endpoints_of(
+        objs: &ServiceObjects,
+        (counts, endpoints): (&str, &str),
+        frontend: &[KeyPart],
+    ) -> Vec<String> {
+        let count = objs.elements[&(
+            PICKS.iter().find(|p| p.2 == counts).unwrap().2,
+            frontend.to_vec(),
+        )]
+            .to_string();
+        let list: Vec<String> = objs
+            .elements
+            .iter()
+            .filter(|((map, key), _)| *map == endpoints && key.starts_with(frontend))
+            .map(|(_, v)| v.to_string())
+            .collect();
+        assert_eq!(count, list.len().to_string());
+        list
+    }
+
+    const INTERNAL: (&str, &str) = (INTERNAL_COUNTS, INTERNAL_ENDPOINTS);
+    const INTERNAL_NP: (&str, &str) = (INTERNAL_NODEPORT_COUNTS, INTERNAL_NODEPORT_ENDPOINTS);
+    const EXTERNAL: (&str, &str) = (EXTERNAL_COUNTS, EXTERNAL_ENDPOINTS);
+    const EXTERNAL_NP: (&str, &str) = (EXTERNAL_NODEPORT_COUNTS, EXTERNAL_NODEPORT_ENDPOINTS);
+
     fn chain_text(objs: &ServiceObjects, chain: &str) -> Vec<String> {
         objs.chains[chain]
             .iter()
@@ -299,7 +401,7 @@ pub(in crate::datapath::nft) mod tests {
     }
 
     #[test]
-    fn cluster_ip_picks_each_endpoint_with_equal_chance() {
+    fn cluster_ip_traffic_picks_from_the_frontends_endpoints() {
         let se = web(
             vec![
                 endpoint("10.244.1.11", true),
@@ -308,24 +410,26 @@ pub(in crate::datapath::nft) mod tests {
             ],
             None,
         );
-        let objs = service_objects(&se, Family::V4, &[], false);
+        let objs = objects(&se, Family::V4, &[], false);
         assert_eq!(
             objs.elements[&(SERVICE_IPS, key("10.96.0.10", 80))],
-            Verdict::Goto("svc-default/web/tcp/http".into())
+            goto("svc-default/web/tcp/http")
         );
-        // 1/3, then 1/2 of the rest, then the rest: 1/3 each.
+        // The chain does not name the endpoints: the maps do.
         assert_eq!(
             chain_text(&objs, "svc-default/web/tcp/http"),
+            ["goto pick-internal"]
+        );
+        assert_eq!(
+            endpoints_of(&objs, INTERNAL, &key("10.96.0.10", 80)),
             [
-                "numgen random mod 3 0 meta l4proto tcp dnat to 10.244.1.11:8080",
-                "numgen random mod 2 0 meta l4proto tcp dnat to 10.244.1.12:8080",
-                "meta l4proto tcp dnat to 10.244.1.13:8080",
+                "10.244.1.11 . 8080",
+                "10.244.1.12 . 8080",
+                "10.244.1.13 . 8080"
             ]
         );
         assert_eq!(objs.hairpin.len(), 3);
-        assert!(service_objects(&se, Family::V6, &[], false)
-            .elements
-            .is_empty());
+        assert!(objects(&se, Family::V6, &[], false).elements.is_empty());
     }
 
     #[test]
@@ -337,21 +441,21 @@ pub(in crate::datapath::nft) mod tests {
             ],
             None,
         );
-        let objs = service_objects(&se, Family::V4, &[], false);
+        let objs = objects(&se, Family::V4, &[], false);
         assert_eq!(
-            chain_text(&objs, "svc-default/web/tcp/http"),
-            ["meta l4proto tcp dnat to 10.244.1.11:8080"]
+            endpoints_of(&objs, INTERNAL, &key("10.96.0.10", 80)),
+            ["10.244.1.11 . 8080"]
         );
         assert!(!objs.hairpin.contains(&"10.244.2.12".parse().unwrap()));
     }
 
     #[test]
     fn service_without_endpoints_is_rejected_not_dispatched() {
-        let objs = service_objects(&web(vec![], None), Family::V4, &[], false);
-        assert!(objs.chains.is_empty());
+        let objs = objects(&web(vec![], None), Family::V4, &[], false);
+        assert!(objs.chains.is_empty() && objs.counts.is_empty());
         assert_eq!(
             objs.elements[&(NO_ENDPOINT_SERVICES, key("10.96.0.10", 80))],
-            Verdict::Goto("reject-chain".into())
+            goto("reject-chain")
         );
     }
 
@@ -361,7 +465,7 @@ pub(in crate::datapath::nft) mod tests {
             vec![endpoint("10.244.1.11", true), endpoint("10.244.1.12", true)],
             Some(10800),
         );
-        let objs = service_objects(&se, Family::V4, &[], false);
+        let objs = objects(&se, Family::V4, &[], false);
         let set = "aff-default/web/tcp/http/10.244.1.11/8080";
         assert_eq!(objs.sets[set], 10800);
         let rules = chain_text(&objs, "svc-default/web/tcp/http");
@@ -373,6 +477,12 @@ pub(in crate::datapath::nft) mod tests {
             rules[2],
             format!("numgen random mod 2 0 meta l4proto tcp update @{set} {{ ip saddr }} dnat to 10.244.1.11:8080")
         );
+        // 1/2, then the rest: 1/2 each.
+        assert_eq!(
+            rules[3],
+            "meta l4proto tcp update @aff-default/web/tcp/http/10.244.1.12/8080 { ip saddr } dnat to 10.244.1.12:8080"
+        );
+        assert!(objs.counts.is_empty());
         assert_eq!(affinity_set(Family::V4, set, 10800).timeout_ms, 10_800_000);
     }
 
@@ -380,7 +490,7 @@ pub(in crate::datapath::nft) mod tests {
     fn traffic_from_outside_the_cluster_cidr_is_marked_for_masquerade() {
         let se = web(vec![endpoint("10.244.1.11", true)], None);
         let cidr: Cidr = "10.244.0.0/16".parse().unwrap();
-        let objs = service_objects(&se, Family::V4, &[cidr], false);
+        let objs = objects(&se, Family::V4, &[cidr], false);
         assert_eq!(
             chain_text(&objs, "svc-default/web/tcp/http")[0],
             "ip saddr != 10.244.0.0/16 jump mark-for-masquerade"
@@ -391,7 +501,7 @@ pub(in crate::datapath::nft) mod tests {
     fn masquerade_all_marks_every_connection_whatever_the_cluster_cidr() {
         let se = web(vec![endpoint("10.244.1.11", true)], None);
         let cidr: Cidr = "10.244.0.0/16".parse().unwrap();
-        let objs = service_objects(&se, Family::V4, &[cidr], true);
+        let objs = objects(&se, Family::V4, &[cidr], true);
         let chain = chain_text(&objs, "svc-default/web/tcp/http");
         assert_eq!(chain[0], "jump mark-for-masquerade");
         assert!(!chain.iter().any(|r| r.contains("saddr")), "{chain:?}");
@@ -401,21 +511,24 @@ pub(in crate::datapath::nft) mod tests {
     fn node_port_goes_through_the_external_chain() {
         let mut se = web(vec![endpoint("10.244.1.11", true)], None);
         se.service.ports[0].node_port = 30080;
-        let objs = service_objects(&se, Family::V4, &[], false);
+        let objs = objects(&se, Family::V4, &[], false);
+        let node_port = vec![KeyPart::Proto(6), KeyPart::Port(30080)];
         assert_eq!(
-            objs.elements[&(
-                SERVICE_NODEPORTS,
-                vec![KeyPart::Proto(6), KeyPart::Port(30080)]
-            )],
-            Verdict::Goto("ext-default/web/tcp/http".into())
+            objs.elements[&(SERVICE_NODEPORTS, node_port.clone())],
+            goto("ext-default/web/tcp/http")
         );
         assert_eq!(
             chain_text(&objs, "ext-default/web/tcp/http"),
-            [
-                "jump mark-for-masquerade",
-                "meta l4proto tcp dnat to 10.244.1.11:8080"
-            ]
+            ["jump mark-for-masquerade", "goto pick-external"]
         );
+        assert_eq!(
+            endpoints_of(&objs, EXTERNAL_NP, &node_port),
+            ["10.244.1.11 . 8080"]
+        );
+        // eTP=Cluster: no short-circuit, nothing internal for the node port.
+        assert!(!objs
+            .elements
+            .contains_key(&(INTERNAL_NODEPORT_COUNTS, node_port)));
     }
 
     #[test]
@@ -424,7 +537,7 @@ pub(in crate::datapath::nft) mod tests {
         se.service.load_balancer_ips = IpSet::from_ips(&["192.0.2.10".parse().unwrap()]);
         se.service.external_ips = IpSet::from_ips(&["192.0.2.20".parse().unwrap()]);
         se.service.load_balancer_source_ranges = vec!["198.51.100.0/24".into()];
-        let objs = service_objects(&se, Family::V4, &[], false);
+        let objs = objects(&se, Family::V4, &[], false);
         assert_eq!(
             chain_text(&objs, "fw-default/web/tcp/http"),
             ["ip saddr 198.51.100.0/24 return", "drop"]
@@ -436,27 +549,48 @@ pub(in crate::datapath::nft) mod tests {
         for ip in ["192.0.2.10", "192.0.2.20"] {
             assert_eq!(
                 objs.elements[&(SERVICE_IPS, key(ip, 80))],
-                Verdict::Goto("ext-default/web/tcp/http".into())
+                goto("ext-default/web/tcp/http")
+            );
+            assert_eq!(
+                endpoints_of(&objs, EXTERNAL, &key(ip, 80)),
+                ["10.244.1.11 . 8080"]
             );
         }
     }
 
     #[test]
     fn external_traffic_policy_local_short_circuits_pods_and_the_node() {
-        let mut se = web(vec![endpoint("10.244.1.11", true)], None);
+        let mut se = web(
+            vec![endpoint("10.244.1.11", true), endpoint("10.244.2.12", true)],
+            None,
+        );
+        // On another node: not for outside traffic with eTP=Local.
+        se.endpoints[1].ports[0].scopes.external = false;
         se.service.ports[0].node_port = 30080;
         se.service.external_traffic_policy = TrafficPolicy::Local;
         let cidr: Cidr = "10.244.0.0/16".parse().unwrap();
-        let objs = service_objects(&se, Family::V4, &[cidr], false);
+        let objs = objects(&se, Family::V4, &[cidr], false);
         assert_eq!(
             chain_text(&objs, "ext-default/web/tcp/http"),
             [
                 "ip saddr 10.244.0.0/16 goto svc-default/web/tcp/http",
                 "fib saddr type local jump mark-for-masquerade",
                 "fib saddr type local goto svc-default/web/tcp/http",
-                "meta l4proto tcp dnat to 10.244.1.11:8080",
+                "goto pick-external",
             ]
         );
+        // The short-circuit's pick finds both endpoints by node port;
+        // outside traffic only the local one.
+        let node_port = vec![KeyPart::Proto(6), KeyPart::Port(30080)];
+        assert_eq!(
+            endpoints_of(&objs, INTERNAL_NP, &node_port),
+            ["10.244.1.11 . 8080", "10.244.2.12 . 8080"]
+        );
+        assert_eq!(
+            endpoints_of(&objs, EXTERNAL_NP, &node_port),
+            ["10.244.1.11 . 8080"]
+        );
+        assert_eq!(objs.counts, BTreeSet::from([1, 2]));
     }
 
     #[test]
@@ -465,13 +599,13 @@ pub(in crate::datapath::nft) mod tests {
         se.service.ports[0].node_port = 30080;
         se.service.external_traffic_policy = TrafficPolicy::Local;
         se.endpoints[0].ports[0].scopes.external = false;
-        let objs = service_objects(&se, Family::V4, &[], false);
+        let objs = objects(&se, Family::V4, &[], false);
         assert_eq!(
             objs.elements[&(
                 NO_ENDPOINT_NODEPORTS,
                 vec![KeyPart::Proto(6), KeyPart::Port(30080)]
             )],
-            Verdict::Drop
+            ElementValue::Verdict(Verdict::Drop)
         );
     }
 
@@ -501,7 +635,7 @@ pub(in crate::datapath::nft) mod tests {
     fn ipv6_names_avoid_colons() {
         let mut se = web(vec![endpoint("fd00:10:244::11", true)], Some(60));
         se.service.cluster_ips = IpSet::from_ips(&["fd00:10:96::10".parse().unwrap()]);
-        let objs = service_objects(&se, Family::V6, &[], false);
+        let objs = objects(&se, Family::V6, &[], false);
         assert!(objs
             .sets
             .contains_key("aff-default/web/tcp/http/fd00-10-244--11/8080"));
@@ -509,6 +643,30 @@ pub(in crate::datapath::nft) mod tests {
             objs.chains["svc-default/web/tcp/http"][1].text(Family::V6),
             "meta l4proto tcp update @aff-default/web/tcp/http/fd00-10-244--11/8080 { ip6 saddr } dnat to [fd00:10:244::11]:8080"
         );
+    }
+
+    #[test]
+    fn pick_chains_have_address_rules_before_node_port_rules() {
+        let rules: Vec<(&str, String)> = pick_rules(&pick_counts([3]))
+            .into_iter()
+            .map(|(c, r)| (c, r.text(Family::V4)))
+            .collect();
+        let internal: Vec<&str> = rules
+            .iter()
+            .filter(|(c, _)| *c == PICK_INTERNAL)
+            .map(|(_, r)| r.as_str())
+            .collect();
+        assert_eq!(internal.len(), 6);
+        assert!(
+            internal[..3].iter().all(|r| r.starts_with("ip daddr")),
+            "{internal:?}"
+        );
+        assert!(internal[1].contains("numgen random mod 3"), "{internal:?}");
+        assert!(
+            internal[5].starts_with("meta l4proto . th dport map @internal-nodeport-counts"),
+            "{internal:?}"
+        );
+        assert_eq!(pick_counts([1, 5]), BTreeSet::from([1, 2, 4, 5, 6]));
     }
 
     #[test]
