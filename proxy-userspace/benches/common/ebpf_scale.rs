@@ -4,12 +4,11 @@
 //! evenly over them (VIPs from 10.0.0.0, backends from 100.0.0.0, port 8080).
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use ebpf_kube_proxy::model::{
-    EndpointConditions, EndpointHints, EndpointPort, EndpointScopes, IpSet, LocalEndpoint,
+    EndpointConditions, EndpointHints, EndpointPort, EndpointScopes, IpSet, Labels, LocalEndpoint,
     LocalService, LocalServiceType, LocalState, ObjectKey, PortMapping, Protocol, ServiceEndpoints,
     TrafficPolicy,
 };
@@ -34,13 +33,13 @@ pub fn service(i: usize, backends: &[IpAddr], port: u16) -> ServiceEndpoints {
             key: ObjectKey::new(format!("ns-{}", i % 100), format!("svc-{i}")),
             uid: String::new(),
             service_type: LocalServiceType::ClusterIp,
-            labels: BTreeMap::new(),
+            labels: Labels::default(),
             created: None,
             cluster_ips: IpSet::from_ips([IpAddr::V4(vip(i))].iter()),
             external_ips: IpSet::default(),
             load_balancer_ips: IpSet::default(),
             ports: vec![PortMapping {
-                name: "http".to_owned(),
+                name: "http".into(),
                 protocol: Protocol::Tcp,
                 port: 80,
                 node_port: 0,
@@ -59,9 +58,9 @@ pub fn service(i: usize, backends: &[IpAddr], port: u16) -> ServiceEndpoints {
             .iter()
             .map(|ip| LocalEndpoint {
                 ip: *ip,
-                hostname: String::new(),
-                node_name: "node-2".to_owned(),
-                zone: String::new(),
+                hostname: Default::default(),
+                node_name: "node-2".into(),
+                zone: Default::default(),
                 local: false,
                 conditions: EndpointConditions {
                     ready: true,
@@ -70,7 +69,7 @@ pub fn service(i: usize, backends: &[IpAddr], port: u16) -> ServiceEndpoints {
                 },
                 hints: EndpointHints::default(),
                 ports: vec![EndpointPort {
-                    name: "http".to_owned(),
+                    name: "http".into(),
                     protocol: Protocol::Tcp,
                     port,
                     scopes,

@@ -2,7 +2,6 @@
 //! the way they time and print. Each bench uses part of it.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
@@ -24,7 +23,7 @@ pub fn cluster_of(services: usize, endpoints_per_service: usize) -> ClusterState
         "node-1".into(),
         Node {
             name: "node-1".into(),
-            labels: BTreeMap::from([(LABEL_ZONE.to_owned(), "zone-a".to_owned())]),
+            labels: Labels::from_iter([(LABEL_ZONE, "zone-a")]),
             deleting: false,
             taint_keys: vec![],
             addresses: vec![],
@@ -38,7 +37,7 @@ pub fn cluster_of(services: usize, endpoints_per_service: usize) -> ClusterState
             Service {
                 key: key.clone(),
                 uid: format!("uid-{i}"),
-                labels: BTreeMap::new(),
+                labels: Labels::default(),
                 created: None,
                 service_type: ServiceType::ClusterIp,
                 cluster_ips: vec![IpAddr::V4(vip)],
@@ -66,13 +65,15 @@ pub fn cluster_of(services: usize, endpoints_per_service: usize) -> ClusterState
                 Endpoint {
                     ip: IpAddr::V4(Ipv4Addr::from(0x0af4_0000u32 + n)),
                     hostname: None,
-                    node_name: Some(format!("node-{}", j % 5 + 1)),
-                    zone: Some(format!("zone-{}", if j % 2 == 0 { 'a' } else { 'b' })),
+                    node_name: Some(intern(&format!("node-{}", j % 5 + 1))),
+                    zone: Some(intern(&format!(
+                        "zone-{}",
+                        if j % 2 == 0 { 'a' } else { 'b' }
+                    ))),
                     ready: Some(j != 0),
                     serving: None,
                     terminating: None,
-                    hints_for_zones: vec![],
-                    hints_for_nodes: vec![],
+                    hints: None,
                     target_ref: None,
                 }
             })
@@ -82,7 +83,7 @@ pub fn cluster_of(services: usize, endpoints_per_service: usize) -> ClusterState
             slice_key.clone(),
             EndpointSlice {
                 key: slice_key,
-                labels: BTreeMap::from([(LABEL_SERVICE_NAME.to_owned(), key.name.clone())]),
+                labels: Labels::from_iter([(LABEL_SERVICE_NAME, key.name.as_str())]),
                 address_type: AddressType::Ipv4,
                 ports: vec![EndpointSlicePort {
                     name: "http".into(),

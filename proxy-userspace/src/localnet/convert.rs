@@ -21,6 +21,10 @@ pub fn service_endpoints(s: &ServiceEndpoints) -> pb::ServiceEndpoints {
     }
 }
 
+fn strings(s: &[model::ArcStr]) -> Vec<String> {
+    s.iter().map(ToString::to_string).collect()
+}
+
 fn saturating_i32(n: u32) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
@@ -74,7 +78,10 @@ fn service(s: &model::LocalService) -> pb::Service {
         namespace: key.namespace.clone(),
         name: key.name.clone(),
         r#type: service_type.into(),
-        labels: labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         ips: Some(pb::ServiceIPs {
             cluster_ips: Some(ip_set(cluster_ips)),
             external_ips: Some(ip_set(external_ips)),
@@ -83,7 +90,7 @@ fn service(s: &model::LocalService) -> pb::Service {
         ports: ports
             .iter()
             .map(|p| pb::PortMapping {
-                name: p.name.clone(),
+                name: p.name.to_string(),
                 protocol: protocol(p.protocol).into(),
                 port: p.port.into(),
                 node_port: p.node_port.into(),
@@ -122,9 +129,9 @@ fn endpoint(e: &model::LocalEndpoint) -> pb::Endpoint {
     } = e;
     pb::Endpoint {
         ip: ip.to_string(),
-        hostname: hostname.clone(),
-        node_name: node_name.clone(),
-        zone: zone.clone(),
+        hostname: hostname.to_string(),
+        node_name: node_name.to_string(),
+        zone: zone.to_string(),
         local: *local,
         conditions: Some(pb::EndpointConditions {
             ready: conditions.ready,
@@ -132,13 +139,13 @@ fn endpoint(e: &model::LocalEndpoint) -> pb::Endpoint {
             terminating: conditions.terminating,
         }),
         hints: Some(pb::EndpointHints {
-            for_zones: hints.for_zones.clone(),
-            for_nodes: hints.for_nodes.clone(),
+            for_zones: strings(&hints.for_zones),
+            for_nodes: strings(&hints.for_nodes),
         }),
         ports: ports
             .iter()
             .map(|p| pb::EndpointPort {
-                name: p.name.clone(),
+                name: p.name.to_string(),
                 protocol: protocol(p.protocol).into(),
                 port: p.port.into(),
                 scopes: Some(pb::EndpointScopes {
@@ -150,8 +157,8 @@ fn endpoint(e: &model::LocalEndpoint) -> pb::Endpoint {
             })
             .collect(),
         target_ref: target_ref.as_ref().map(|r| pb::TargetRef {
-            kind: r.kind.clone(),
-            namespace: r.namespace.clone(),
+            kind: r.kind.to_string(),
+            namespace: r.namespace.to_string(),
             name: r.name.clone(),
             uid: r.uid.clone(),
         }),

@@ -75,6 +75,8 @@ pub fn frontends(svc: &LocalService) -> Vec<Frontend> {
     }
     out.sort_unstable();
     out.dedup();
+    // Kept per service for as long as it exists.
+    out.shrink_to_fit();
     out
 }
 
@@ -112,8 +114,10 @@ pub struct Conflict {
 /// change.
 #[derive(Clone, Debug, Default)]
 pub struct Claims {
-    /// Claimants per frontend; the first one owns it.
-    claimants: HashMap<Frontend, BTreeSet<Claimant>>,
+    /// Claimants per frontend, sorted, each once; the first one owns it.
+    /// A sorted `Vec`, not a set: almost every frontend has one claimant,
+    /// and a set's first node costs as much as ten.
+    claimants: HashMap<Frontend, Vec<Claimant>>,
     /// What each service claims.
     by_service: HashMap<ObjectKey, (Claimant, Vec<Frontend>)>,
     /// Claims that lost to another service, kept as claims change.
@@ -161,7 +165,9 @@ impl Claims {
         if let Some((claimant, fs)) = &old {
             for f in fs {
                 if let Some(set) = self.claimants.get_mut(f) {
-                    set.remove(claimant);
+                    if let Ok(i) = set.binary_search(claimant) {
+                        set.remove(i);
+                    }
                     if set.is_empty() {
                         self.claimants.remove(f);
                     }
@@ -170,10 +176,10 @@ impl Claims {
         }
         if let Some((claimant, fs)) = new {
             for f in &fs {
-                self.claimants
-                    .entry(*f)
-                    .or_default()
-                    .insert(claimant.clone());
+                let set = self.claimants.entry(*f).or_default();
+                if let Err(i) = set.binary_search(&claimant) {
+                    set.insert(i, claimant.clone());
+                }
             }
             self.by_service.insert(key.clone(), (claimant, fs));
         }

@@ -5,6 +5,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::intern::ArcStr;
 
 /// Namespace and name of a namespaced object; orders like kube-proxy's
 /// `NamespacedName` (namespace first).
@@ -117,7 +120,7 @@ pub enum TargetPort {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ServicePort {
     /// `""` for a single unnamed port.
-    pub name: String,
+    pub name: ArcStr,
     pub protocol: Protocol,
     pub port: u16,
     /// 0 = none.
@@ -150,7 +153,7 @@ pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
 pub struct Service {
     pub key: ObjectKey,
     pub uid: String,
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     /// `metadata.creationTimestamp` in Unix seconds: decides which service
     /// owns an address two claim (see [`super::claims`]).
     pub created: Option<i64>,
@@ -183,7 +186,7 @@ pub enum AddressType {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct EndpointSlicePort {
     /// `""` when unnamed.
-    pub name: String,
+    pub name: ArcStr,
     pub protocol: Protocol,
     /// `None` = the slice does not say (such a port backs nothing).
     pub port: Option<u16>,
@@ -192,32 +195,122 @@ pub struct EndpointSlicePort {
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TargetRef {
-    pub kind: String,
-    pub namespace: String,
+    pub kind: ArcStr,
+    pub namespace: ArcStr,
     pub name: String,
     pub uid: String,
 }
 
+/// `endpoints[].hints`, also as published per endpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EndpointHints {
+    pub for_zones: Vec<ArcStr>,
+    pub for_nodes: Vec<ArcStr>,
+}
+
+/// One endpoint of a slice. Kept small (a quarter of a million of them
+/// is a large cluster): the repeated strings are shared (see
+/// [`super::intern`]), what most endpoints lack is boxed.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Endpoint {
     /// `addresses[0]`; FQDN slices carry no endpoints in this model.
     pub ip: IpAddr,
-    pub hostname: Option<String>,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
     /// Conditions as given; `None` = absent (defaulted by SPEC §8.2).
     pub ready: Option<bool>,
     pub serving: Option<bool>,
     pub terminating: Option<bool>,
-    pub hints_for_zones: Vec<String>,
-    pub hints_for_nodes: Vec<String>,
-    pub target_ref: Option<TargetRef>,
+    pub hostname: Option<ArcStr>,
+    pub node_name: Option<ArcStr>,
+    pub zone: Option<ArcStr>,
+    /// `None` when the slice gives none.
+    pub hints: Option<Box<EndpointHints>>,
+    /// Shared with the published endpoints.
+    pub target_ref: Option<Arc<TargetRef>>,
+}
+
+impl Endpoint {
+    pub fn hints_for_zones(&self) -> &[ArcStr] {
+        self.hints.as_deref().map_or(&[], |h| &h.for_zones)
+    }
+
+    pub fn hints_for_nodes(&self) -> &[ArcStr] {
+        self.hints.as_deref().map_or(&[], |h| &h.for_nodes)
+    }
+}
+
+/// Object labels: few per object, so a sorted list rather than a map (a
+/// map's first node is half a kilobyte), keys and values shared.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Labels(Box<[(ArcStr, ArcStr)]>);
+
+impl Labels {
+    fn find(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
+    }
+
+    pub fn get(&self, key: &str) -> Option<&ArcStr> {
+        self.find(key).ok().map(|i| &self.0[i].1)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.find(key).is_ok()
+    }
+
+    /// Sets `key` to `value`, replacing an earlier value.
+    pub fn insert(&mut self, key: impl Into<ArcStr>, value: impl Into<ArcStr>) {
+        let (key, value) = (key.into(), value.into());
+        match self.find(&key) {
+            Ok(i) => self.0[i].1 = value,
+            Err(i) => {
+                let mut all = std::mem::take(&mut self.0).into_vec();
+                all.insert(i, (key, value));
+                self.0 = all.into_boxed_slice();
+            }
+        }
+    }
+
+    pub fn remove(&mut self, key: &str) {
+        if let Ok(i) = self.find(key) {
+            let mut all = std::mem::take(&mut self.0).into_vec();
+            all.remove(i);
+            self.0 = all.into_boxed_slice();
+        }
+    }
+
+    /// In key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&ArcStr, &ArcStr)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl<K: Into<ArcStr>, V: Into<ArcStr>> FromIterator<(K, V)> for Labels {
+    /// A key given twice keeps its last value, as in a map.
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        let mut all: Vec<(ArcStr, ArcStr)> = iter
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        // Stable: equal keys stay in the order given, the last one kept.
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all.reverse();
+        all.dedup_by(|later, first| later.0 == first.0);
+        all.reverse();
+        Labels(all.into_boxed_slice())
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct EndpointSlice {
     pub key: ObjectKey,
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     pub address_type: AddressType,
     pub ports: Vec<EndpointSlicePort>,
     pub endpoints: Vec<Endpoint>,
@@ -230,14 +323,14 @@ impl EndpointSlice {
     pub fn service_key(&self) -> Option<ObjectKey> {
         self.labels
             .get(LABEL_SERVICE_NAME)
-            .map(|name| ObjectKey::new(self.key.namespace.clone(), name.clone()))
+            .map(|name| ObjectKey::new(self.key.namespace.clone(), name.as_str()))
     }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Node {
     pub name: String,
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,
     pub taint_keys: Vec<String>,
@@ -249,7 +342,7 @@ pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
 
 impl Node {
     pub fn zone(&self) -> Option<&str> {
-        self.labels.get(LABEL_ZONE).map(String::as_str)
+        self.labels.get(LABEL_ZONE).map(ArcStr::as_str)
     }
 
     /// kube-proxy's node eligibility (SPEC §4.1): false once this node is

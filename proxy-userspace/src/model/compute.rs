@@ -12,13 +12,14 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::cluster::{
-    AddressType, ClusterState, Endpoint, EndpointSlice, IpFamily, Node, Service, ServicePort,
-    ServiceType, TargetPort, TrafficPolicy, LABEL_HEADLESS, LABEL_SERVICE_NAME,
+    AddressType, ClusterState, Endpoint, EndpointHints, EndpointSlice, IpFamily, Node, Service,
+    ServicePort, ServiceType, TargetPort, TrafficPolicy, LABEL_HEADLESS, LABEL_SERVICE_NAME,
     LABEL_SERVICE_PROXY_NAME,
 };
+use super::intern::ArcStr;
 use super::local::{
-    EndpointConditions, EndpointHints, EndpointPort, EndpointScopes, IpSet, LocalEndpoint,
-    LocalService, LocalServiceType, LocalState, PortMapping, ServiceEndpoints,
+    EndpointConditions, EndpointPort, EndpointScopes, IpSet, LocalEndpoint, LocalService,
+    LocalServiceType, LocalState, PortMapping, ServiceEndpoints,
 };
 
 /// Facts about this node that the selection needs.
@@ -150,7 +151,7 @@ fn synthesis_for(svc: &Service, slices: &[&EndpointSlice], enabled: bool) -> Syn
     let any_hint = slices
         .iter()
         .flat_map(|s| &s.endpoints)
-        .any(|e| !e.hints_for_zones.is_empty() || !e.hints_for_nodes.is_empty());
+        .any(|e| !e.hints_for_zones().is_empty() || !e.hints_for_nodes().is_empty());
     if !enabled || any_hint {
         Synthesis::Off
     } else if distribution == TRAFFIC_DISTRIBUTION_PREFER_SAME_NODE {
@@ -188,16 +189,16 @@ impl<'a> Candidate<'a> {
 
     /// Effective zone hints; synthesised ones borrow the endpoint's own zone
     /// so no allocation is needed on the hot path.
-    fn zone_hints(&self, synth: Synthesis) -> &'a [String] {
+    fn zone_hints(&self, synth: Synthesis) -> &'a [ArcStr] {
         match synth {
-            Synthesis::Off => &self.ep.hints_for_zones,
+            Synthesis::Off => self.ep.hints_for_zones(),
             Synthesis::Zone | Synthesis::ZoneAndNode => own(&self.ep.zone),
         }
     }
 
-    fn node_hints(&self, synth: Synthesis) -> &'a [String] {
+    fn node_hints(&self, synth: Synthesis) -> &'a [ArcStr] {
         match synth {
-            Synthesis::Off => &self.ep.hints_for_nodes,
+            Synthesis::Off => self.ep.hints_for_nodes(),
             Synthesis::Zone => &[],
             Synthesis::ZoneAndNode => own(&self.ep.node_name),
         }
@@ -211,7 +212,7 @@ impl<'a> Candidate<'a> {
     }
 }
 
-fn own(value: &Option<String>) -> &[String] {
+fn own(value: &Option<ArcStr>) -> &[ArcStr] {
     match value {
         Some(v) if !v.is_empty() => std::slice::from_ref(v),
         _ => &[],
@@ -283,9 +284,9 @@ fn service_endpoints(
         }
     }
 
-    let endpoints = (0..entries.ips.len())
-        .map(|row| local_endpoint(&entries, row, &ports, synth))
-        .collect();
+    let mut endpoints = Vec::with_capacity(entries.ips.len());
+    endpoints
+        .extend((0..entries.ips.len()).map(|row| local_endpoint(&entries, row, &ports, synth)));
     Some(ServiceEndpoints {
         service: local_service(svc, service_type, &ports),
         endpoints,
@@ -408,7 +409,7 @@ fn topology_mode<'a>(
 }
 
 fn topology_admits(mode: Topology, cand: &Candidate, env: &Env, synth: Synthesis) -> bool {
-    let hinted = |hints: &[String], target: Option<&str>| {
+    let hinted = |hints: &[ArcStr], target: Option<&str>| {
         target.is_some_and(|t| hints.iter().any(|h| h == t))
     };
     match mode {
@@ -497,19 +498,23 @@ fn local_endpoint(
     synth: Synthesis,
 ) -> LocalEndpoint {
     let best = &entries.best[row];
-    let ports = ports
-        .iter()
-        .zip(entries.backing_of(row))
-        .zip(entries.scopes_of(row))
-        .filter_map(|((port, backing), scopes)| {
-            backing.map(|(_, number)| EndpointPort {
-                name: port.name.clone(),
-                protocol: port.protocol,
-                port: number,
-                scopes: *scopes,
-            })
-        })
-        .collect();
+    let backing = entries.backing_of(row);
+    // Sized exactly: a quarter of a million endpoints each keep theirs.
+    let mut endpoint_ports = Vec::with_capacity(backing.iter().flatten().count());
+    endpoint_ports.extend(
+        ports
+            .iter()
+            .zip(backing)
+            .zip(entries.scopes_of(row))
+            .filter_map(|((port, backing), scopes)| {
+                backing.map(|(_, number)| EndpointPort {
+                    name: port.name.clone(),
+                    protocol: port.protocol,
+                    port: number,
+                    scopes: *scopes,
+                })
+            }),
+    );
     LocalEndpoint {
         ip: entries.ips[row],
         hostname: best.ep.hostname.clone().unwrap_or_default(),
@@ -522,7 +527,7 @@ fn local_endpoint(
             terminating: best.terminating,
         },
         hints: best.hints(synth),
-        ports,
+        ports: endpoint_ports,
         target_ref: best.ep.target_ref.clone(),
     }
 }

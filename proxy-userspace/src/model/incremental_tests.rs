@@ -3,14 +3,13 @@
 //! come back) must give exactly the state [`compute`] gives, and the
 //! changed keys must be exactly the services that differ.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use proptest::prelude::*;
 
 use super::*;
 use crate::model::cluster::*;
-use crate::model::{compute, for_each_changed};
+use crate::model::{compute, for_each_changed, ArcStr};
 
 const OWN_NODE: &str = "node-1";
 
@@ -98,9 +97,9 @@ fn service(n: u8, name: u8, v: u16) -> Service {
             port("dns", Protocol::Udp, 53, TargetPort::Number(53)),
         ],
     };
-    let mut labels = BTreeMap::new();
+    let mut labels = Labels::default();
     if (v >> 6).is_multiple_of(8) {
-        labels.insert(LABEL_SERVICE_PROXY_NAME.to_owned(), "other".to_owned());
+        labels.insert(LABEL_SERVICE_PROXY_NAME, "other");
     }
     let local = |bit: u16| {
         if v & bit != 0 {
@@ -144,9 +143,9 @@ fn slice(
     ports: u8,
     eps: &[(u8, u8, u8)],
 ) -> EndpointSlice {
-    let mut labels = BTreeMap::new();
+    let mut labels = Labels::default();
     if let Some(o) = owner {
-        labels.insert(LABEL_SERVICE_NAME.to_owned(), format!("s{}", o % 3));
+        labels.insert(LABEL_SERVICE_NAME, format!("s{}", o % 3));
     }
     let address_type = match kind % 4 {
         1 => AddressType::Ipv6,
@@ -154,7 +153,7 @@ fn slice(
         _ => AddressType::Ipv4,
     };
     if kind % 4 == 3 {
-        labels.insert(LABEL_HEADLESS.to_owned(), String::new());
+        labels.insert(LABEL_HEADLESS, "");
     }
     let esp = |name: &str, protocol, port| EndpointSlicePort {
         name: name.into(),
@@ -189,22 +188,23 @@ fn slice(
                 ip,
                 hostname: None,
                 node_name: [None, Some(OWN_NODE), Some("node-2")][usize::from(node % 3)]
-                    .map(str::to_owned),
-                zone: [None, Some("z1"), Some("z2")][usize::from((node / 3) % 3)]
-                    .map(str::to_owned),
+                    .map(ArcStr::from),
+                zone: [None, Some("z1"), Some("z2")][usize::from((node / 3) % 3)].map(ArcStr::from),
                 ready: flag(0),
                 serving: flag(2),
                 terminating: flag(4),
-                hints_for_zones: if cond & 0x40 != 0 {
-                    vec!["z1".into()]
-                } else {
-                    vec![]
-                },
-                hints_for_nodes: if cond & 0x80 != 0 {
-                    vec![OWN_NODE.into()]
-                } else {
-                    vec![]
-                },
+                hints: (cond & 0xc0 != 0).then(|| {
+                    Box::new(EndpointHints {
+                        for_zones: (cond & 0x40 != 0)
+                            .then(|| "z1".into())
+                            .into_iter()
+                            .collect(),
+                        for_nodes: (cond & 0x80 != 0)
+                            .then(|| OWN_NODE.into())
+                            .into_iter()
+                            .collect(),
+                    })
+                }),
                 target_ref: None,
             }
         })
@@ -220,9 +220,9 @@ fn slice(
 }
 
 fn node(own: bool, zone: u8) -> Node {
-    let mut labels = BTreeMap::new();
+    let mut labels = Labels::default();
     if let Some(z) = [None, Some("z1"), Some("z2"), Some("")][usize::from(zone % 4)] {
-        labels.insert(LABEL_ZONE.to_owned(), z.to_owned());
+        labels.insert(LABEL_ZONE, z);
     }
     Node {
         name: if own { OWN_NODE } else { "node-2" }.to_owned(),

@@ -2,11 +2,11 @@
 //! and the selection results (scopes) per service port and IP family.
 //! Sorted and canonical; it maps one to one onto localnet.v1 (SPEC §6).
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-use super::cluster::{ObjectKey, Protocol, TargetRef, TrafficPolicy};
+use super::cluster::{EndpointHints, Labels, ObjectKey, Protocol, TargetRef, TrafficPolicy};
+use super::intern::ArcStr;
 
 /// Service type as programmed (ExternalName never reaches LocalState).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -54,7 +54,7 @@ impl IpSet {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PortMapping {
-    pub name: String,
+    pub name: ArcStr,
     pub protocol: Protocol,
     pub port: u16,
     pub node_port: u16,
@@ -70,7 +70,7 @@ pub struct LocalService {
     pub key: ObjectKey,
     pub uid: String,
     pub service_type: LocalServiceType,
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     /// `metadata.creationTimestamp` in Unix seconds (not published on
     /// localnet): the older service owns a contested address.
     pub created: Option<i64>,
@@ -100,12 +100,6 @@ pub struct EndpointConditions {
     pub terminating: bool,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct EndpointHints {
-    pub for_zones: Vec<String>,
-    pub for_nodes: Vec<String>,
-}
-
 /// Selection results for one (service port, IP family) (SPEC §8.5).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct EndpointScopes {
@@ -120,19 +114,21 @@ pub struct EndpointScopes {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct EndpointPort {
     /// Matches [`PortMapping::name`].
-    pub name: String,
+    pub name: ArcStr,
     pub protocol: Protocol,
     /// Port number on the endpoint.
     pub port: u16,
     pub scopes: EndpointScopes,
 }
 
+/// One endpoint as published; its strings are the model's (shared, not
+/// copied).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LocalEndpoint {
     pub ip: IpAddr,
-    pub hostname: String,
-    pub node_name: String,
-    pub zone: String,
+    pub hostname: ArcStr,
+    pub node_name: ArcStr,
+    pub zone: ArcStr,
     /// `node_name` is this node.
     pub local: bool,
     pub conditions: EndpointConditions,
@@ -140,7 +136,7 @@ pub struct LocalEndpoint {
     pub hints: EndpointHints,
     /// One entry per service port this endpoint backs, sorted (name, protocol).
     pub ports: Vec<EndpointPort>,
-    pub target_ref: Option<TargetRef>,
+    pub target_ref: Option<Arc<TargetRef>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

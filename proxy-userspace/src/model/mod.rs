@@ -10,6 +10,7 @@ pub mod claims;
 pub mod cluster;
 pub mod compute;
 pub mod incremental;
+pub mod intern;
 pub mod local;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -17,4 +18,5 @@ pub mod testing;
 pub use cluster::*;
 pub use compute::{compute, NodeContext};
 pub use incremental::{Model, Recomputed};
+pub use intern::{intern, ArcStr};
 pub use local::*;

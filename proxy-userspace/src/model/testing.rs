@@ -3,10 +3,9 @@
 //! Compiled for the crate's own tests and, with the `testing` feature, for
 //! the integration tests and benches.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use super::cluster::{ObjectKey, Protocol, TrafficPolicy};
+use super::cluster::{EndpointHints, Labels, ObjectKey, Protocol, TrafficPolicy};
 use super::local::*;
 
 /// A ClusterIP service `ns/name` with one TCP port `http` 80 → 8080, the
@@ -17,7 +16,7 @@ pub fn service(ns: &str, name: &str, cluster_ips: &[&str]) -> ServiceEndpoints {
             key: ObjectKey::new(ns, name),
             uid: format!("uid-{name}"),
             service_type: LocalServiceType::ClusterIp,
-            labels: BTreeMap::new(),
+            labels: Labels::default(),
             created: None,
             cluster_ips: ips(cluster_ips),
             external_ips: IpSet::default(),
@@ -57,9 +56,9 @@ pub fn ips(addrs: &[&str]) -> IpSet {
 pub fn endpoint(ip: &str, port: u16, scopes: EndpointScopes) -> LocalEndpoint {
     LocalEndpoint {
         ip: ip.parse().expect("an IP address"),
-        hostname: String::new(),
-        node_name: String::new(),
-        zone: String::new(),
+        hostname: Default::default(),
+        node_name: Default::default(),
+        zone: Default::default(),
         local: false,
         conditions: EndpointConditions {
             ready: true,
@@ -137,7 +136,7 @@ impl ServiceEndpoints {
         self.service.ports = ports
             .iter()
             .map(|(name, protocol, port)| PortMapping {
-                name: (*name).to_owned(),
+                name: (*name).into(),
                 protocol: *protocol,
                 port: *port,
                 node_port: 0,
@@ -178,7 +177,7 @@ impl ServiceEndpoints {
         }
         self.endpoints.push(LocalEndpoint {
             ip,
-            node_name: if local { "n1" } else { "n2" }.to_owned(),
+            node_name: if local { "n1" } else { "n2" }.into(),
             local,
             ports,
             ..endpoint(&ip.to_string(), port, ALL_SCOPES)

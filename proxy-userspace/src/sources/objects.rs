@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
@@ -11,10 +12,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::RejectReason;
+use crate::model::intern::{intern, intern_opt};
 use crate::model::{
-    AddressType, ConditionStatus, Endpoint, EndpointSlice, EndpointSlicePort, LoadBalancerIngress,
-    Node, Object, ObjectKey, ObjectKind, ObjectRef, Pod, PodCondition, Protocol, Service,
-    ServicePort, ServiceType, TargetPort, TargetRef, Timestamp, TrafficPolicy,
+    AddressType, ConditionStatus, Endpoint, EndpointHints, EndpointSlice, EndpointSlicePort,
+    Labels, LoadBalancerIngress, Node, Object, ObjectKey, ObjectKind, ObjectRef, Pod, PodCondition,
+    Protocol, Service, ServicePort, ServiceType, TargetPort, TargetRef, Timestamp, TrafficPolicy,
     DEFAULT_AFFINITY_TIMEOUT_SECONDS,
 };
 use crate::net::Cidr;
@@ -188,6 +190,15 @@ fn validate_cidr(field: &str, cidr: &str) -> Result<String, ObjectError> {
         .map_err(|reason| invalid(field, reason))
 }
 
+/// Labels with their keys and values shared (both repeat across objects).
+fn labels(labels: Option<BTreeMap<String, String>>) -> Labels {
+    labels
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (intern(&k), intern(&v)))
+        .collect()
+}
+
 fn timestamp(t: &Time) -> Timestamp {
     Timestamp {
         seconds: t.0.as_second(),
@@ -249,9 +260,10 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
         }
     }
 
-    let mut ports = Vec::new();
+    let spec_ports = spec.ports.unwrap_or_default();
+    let mut ports = Vec::with_capacity(spec_ports.len());
     let mut seen = std::collections::BTreeSet::new();
-    for (i, p) in spec.ports.unwrap_or_default().into_iter().enumerate() {
+    for (i, p) in spec_ports.into_iter().enumerate() {
         let field = format!("spec.ports[{i}]");
         let protocol = protocol(&format!("{field}.protocol"), p.protocol.as_deref())?;
         let port = port_number(&format!("{field}.port"), p.port, false)?;
@@ -267,7 +279,7 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
                 Err(_) => TargetPort::Number(port),
             },
         };
-        let name = p.name.unwrap_or_default();
+        let name = intern(p.name.as_deref().unwrap_or_default());
         if !seen.insert((name.clone(), protocol)) {
             return Err(invalid(
                 format!("{field}.name"),
@@ -358,7 +370,7 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
     Ok(Service {
         key,
         uid: svc.metadata.uid.unwrap_or_default(),
-        labels: svc.metadata.labels.unwrap_or_default(),
+        labels: labels(svc.metadata.labels),
         created: svc
             .metadata
             .creation_timestamp
@@ -401,11 +413,12 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
             ))
         }
     };
-    let mut ports = Vec::new();
-    for (i, p) in slice.ports.unwrap_or_default().into_iter().enumerate() {
+    let slice_ports = slice.ports.unwrap_or_default();
+    let mut ports = Vec::with_capacity(slice_ports.len());
+    for (i, p) in slice_ports.into_iter().enumerate() {
         let field = format!("ports[{i}]");
         ports.push(EndpointSlicePort {
-            name: p.name.unwrap_or_default(),
+            name: intern(p.name.as_deref().unwrap_or_default()),
             protocol: protocol(&format!("{field}.protocol"), p.protocol.as_deref())?,
             port: p
                 .port
@@ -416,7 +429,9 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
     }
     let mut endpoints = Vec::new();
     if address_type != AddressType::Fqdn {
-        for (i, ep) in slice.endpoints.unwrap_or_default().into_iter().enumerate() {
+        let slice_endpoints = slice.endpoints.unwrap_or_default();
+        endpoints.reserve_exact(slice_endpoints.len());
+        for (i, ep) in slice_endpoints.into_iter().enumerate() {
             let field = format!("endpoints[{i}]");
             let first = ep
                 .addresses
@@ -430,32 +445,38 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
                 ));
             }
             let conditions = ep.conditions.unwrap_or_default();
-            let hints = ep.hints.unwrap_or_default();
+            let hints = ep.hints.map(|h| EndpointHints {
+                for_zones: h
+                    .for_zones
+                    .iter()
+                    .flatten()
+                    .map(|z| intern(&z.name))
+                    .collect(),
+                for_nodes: h
+                    .for_nodes
+                    .iter()
+                    .flatten()
+                    .map(|n| intern(&n.name))
+                    .collect(),
+            });
             endpoints.push(Endpoint {
                 ip,
-                hostname: ep.hostname,
-                node_name: ep.node_name,
-                zone: ep.zone,
                 ready: conditions.ready,
                 serving: conditions.serving,
                 terminating: conditions.terminating,
-                hints_for_zones: hints
-                    .for_zones
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|z| z.name)
-                    .collect(),
-                hints_for_nodes: hints
-                    .for_nodes
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|n| n.name)
-                    .collect(),
-                target_ref: ep.target_ref.map(|r| TargetRef {
-                    kind: r.kind.unwrap_or_default(),
-                    namespace: r.namespace.unwrap_or_default(),
-                    name: r.name.unwrap_or_default(),
-                    uid: r.uid.unwrap_or_default(),
+                hostname: intern_opt(ep.hostname.as_deref()),
+                node_name: intern_opt(ep.node_name.as_deref()),
+                zone: intern_opt(ep.zone.as_deref()),
+                hints: hints
+                    .filter(|h| !h.for_zones.is_empty() || !h.for_nodes.is_empty())
+                    .map(Box::new),
+                target_ref: ep.target_ref.map(|r| {
+                    Arc::new(TargetRef {
+                        kind: intern(r.kind.as_deref().unwrap_or_default()),
+                        namespace: intern(r.namespace.as_deref().unwrap_or_default()),
+                        name: r.name.unwrap_or_default(),
+                        uid: r.uid.unwrap_or_default(),
+                    })
                 }),
             });
         }
@@ -472,7 +493,7 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
     };
     Ok(EndpointSlice {
         key,
-        labels: slice.metadata.labels.unwrap_or_default(),
+        labels: labels(slice.metadata.labels),
         address_type,
         ports,
         endpoints,
@@ -507,7 +528,7 @@ pub fn node(node: core::Node) -> Result<Node, ObjectError> {
     }
     Ok(Node {
         name,
-        labels: node.metadata.labels.unwrap_or_default(),
+        labels: labels(node.metadata.labels),
         deleting: node.metadata.deletion_timestamp.is_some(),
         taint_keys: node
             .spec
@@ -715,7 +736,7 @@ mod tests {
         assert_eq!(s.service_key(), Some(ObjectKey::new("prod", "web")));
         assert_eq!(s.endpoints[0].ready, None);
         assert_eq!(s.endpoints[0].serving, Some(true));
-        assert_eq!(s.endpoints[0].hints_for_zones, vec!["a".to_owned()]);
+        assert_eq!(s.endpoints[0].hints_for_zones(), ["a"]);
         assert_eq!(
             s.last_change_trigger_time,
             Some(Timestamp {

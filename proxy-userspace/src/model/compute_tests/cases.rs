@@ -847,10 +847,8 @@ pub(super) fn cases() -> Vec<Case> {
                 ),
                 Check(|s| {
                     let e = endpoint(s, "web", "10.1.0.1");
-                    assert_eq!(
-                        (e.hints.for_zones.as_slice(), e.hints.for_nodes.as_slice()),
-                        (&["a".to_string()][..], &["n1".to_string()][..])
-                    );
+                    assert_eq!(e.hints.for_zones, ["a"]);
+                    assert_eq!(e.hints.for_nodes, ["n1"]);
                 }),
             ],
         )
@@ -951,7 +949,7 @@ pub(super) fn cases() -> Vec<Case> {
                 let svc = &get(s, "web").service;
                 assert_eq!(svc.uid, "uid-web");
                 assert_eq!(svc.service_type, LocalServiceType::LoadBalancer);
-                assert_eq!(svc.labels.get("app").map(String::as_str), Some("web"));
+                assert_eq!(svc.labels.get("app").map(ArcStr::as_str), Some("web"));
                 assert_eq!(
                     svc.cluster_ips
                         .iter()
@@ -1013,12 +1011,12 @@ pub(super) fn cases() -> Vec<Case> {
                     .host("pod-1")
                     .hz(&["b"])
                     .with(|e| {
-                        e.target_ref = Some(TargetRef {
+                        e.target_ref = Some(Arc::new(TargetRef {
                             kind: "Pod".into(),
                             namespace: NS.into(),
                             name: "pod-1".into(),
                             uid: "u1".into(),
-                        })
+                        }))
                     }),
                 ep("10.1.0.2"),
             ])],

@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 use super::super::cluster::{
-    EndpointSlicePort, LoadBalancerIngress, ObjectKey, Protocol, TargetRef,
+    EndpointHints, EndpointSlicePort, Labels, LoadBalancerIngress, ObjectKey, Protocol, TargetRef,
     DEFAULT_AFFINITY_TIMEOUT_SECONDS, LABEL_ZONE,
 };
 use super::*;
@@ -46,7 +47,7 @@ fn svc(name: &str) -> Service {
     Service {
         key: ObjectKey::new(NS, name),
         uid: format!("uid-{name}"),
-        labels: BTreeMap::new(),
+        labels: Labels::default(),
         created: None,
         service_type: ServiceType::ClusterIp,
         cluster_ips: vec![ip("10.96.0.1")],
@@ -109,7 +110,7 @@ trait SvcB: Sized {
     }
     fn label(self, k: &str, v: &str) -> Self {
         self.with(|s| {
-            s.labels.insert(k.into(), v.into());
+            s.labels.insert(k, v);
         })
     }
     fn td(self, d: &str) -> Self {
@@ -131,7 +132,7 @@ impl SvcB for Service {
 fn slice(name: &str, service: &str) -> EndpointSlice {
     EndpointSlice {
         key: ObjectKey::new(NS, name),
-        labels: BTreeMap::from([(LABEL_SERVICE_NAME.to_string(), service.to_string())]),
+        labels: Labels::from_iter([(LABEL_SERVICE_NAME, service)]),
         address_type: AddressType::Ipv4,
         ports: vec![esp("", Tcp, 8080)],
         endpoints: vec![],
@@ -158,7 +159,7 @@ trait SliceB: Sized {
     }
     fn label(self, k: &str, v: &str) -> Self {
         self.with(|s| {
-            s.labels.insert(k.into(), v.into());
+            s.labels.insert(k, v);
         })
     }
     fn unlabel(self, k: &str) -> Self {
@@ -185,8 +186,7 @@ fn ep(a: &str) -> Endpoint {
         ready: None,
         serving: None,
         terminating: None,
-        hints_for_zones: vec![],
-        hints_for_nodes: vec![],
+        hints: None,
         target_ref: None,
     }
 }
@@ -219,11 +219,15 @@ trait EpB: Sized {
         self.ready(false).serving(true).term(true)
     }
     fn hz(self, zones: &[&str]) -> Self {
-        self.with(|e| e.hints_for_zones = zones.iter().map(|z| z.to_string()).collect())
+        self.with(|e| hints(e).for_zones = zones.iter().map(|&z| z.into()).collect())
     }
     fn hn(self, nodes: &[&str]) -> Self {
-        self.with(|e| e.hints_for_nodes = nodes.iter().map(|n| n.to_string()).collect())
+        self.with(|e| hints(e).for_nodes = nodes.iter().map(|&n| n.into()).collect())
     }
+}
+
+fn hints(e: &mut Endpoint) -> &mut EndpointHints {
+    e.hints.get_or_insert_with(Default::default)
 }
 
 impl EpB for Endpoint {
@@ -237,7 +241,7 @@ fn node(name: &str, zone: Option<&str>) -> Node {
     Node {
         name: name.into(),
         labels: zone
-            .map(|z| BTreeMap::from([(LABEL_ZONE.to_string(), z.to_string())]))
+            .map(|z| Labels::from_iter([(LABEL_ZONE, z)]))
             .unwrap_or_default(),
         deleting: false,
         taint_keys: vec![],
