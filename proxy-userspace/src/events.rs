@@ -58,8 +58,8 @@ impl ServiceEvents {
         let reference = ObjectReference {
             api_version: Some("v1".to_owned()),
             kind: Some("Service".to_owned()),
-            namespace: Some(service.key.namespace.clone()),
-            name: Some(service.key.name.clone()),
+            namespace: Some(service.key.namespace.to_string()),
+            name: Some(service.key.name.to_string()),
             uid: Some(service.uid.clone()).filter(|u| !u.is_empty()),
             ..ObjectReference::default()
         };

@@ -8,8 +8,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use ebpf_kube_proxy::model::{
-    EndpointConditions, EndpointHints, EndpointPort, EndpointScopes, IpSet, Labels, LocalEndpoint,
-    LocalService, LocalServiceType, LocalState, ObjectKey, PortMapping, Protocol, ServiceEndpoints,
+    EndpointConditions, EndpointPort, EndpointScopes, IpSet, Labels, LocalEndpoint, LocalService,
+    LocalServiceType, LocalState, ObjectKey, PortMapping, Protocol, ServiceEndpoints,
     TrafficPolicy,
 };
 
@@ -67,7 +67,7 @@ pub fn service(i: usize, backends: &[IpAddr], port: u16) -> ServiceEndpoints {
                     serving: true,
                     terminating: false,
                 },
-                hints: EndpointHints::default(),
+                hints: Default::default(),
                 ports: vec![EndpointPort {
                     name: "http".into(),
                     protocol: Protocol::Tcp,

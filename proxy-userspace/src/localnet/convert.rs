@@ -75,8 +75,8 @@ fn service(s: &model::LocalService) -> pb::Service {
         LocalServiceType::LoadBalancer => pb::ServiceType::LoadBalancer,
     };
     pb::Service {
-        namespace: key.namespace.clone(),
-        name: key.name.clone(),
+        namespace: key.namespace.to_string(),
+        name: key.name.to_string(),
         r#type: service_type.into(),
         labels: labels
             .iter()

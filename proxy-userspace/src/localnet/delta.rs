@@ -125,8 +125,8 @@ impl Delta {
         self.removed += 1;
         let event = pb::WatchEvent {
             event: Some(pb::watch_event::Event::Removed(pb::ServiceKey {
-                namespace: key.namespace.clone(),
-                name: key.name.clone(),
+                namespace: key.namespace.to_string(),
+                name: key.name.to_string(),
             })),
         };
         self.changes.push(Change::Removed(

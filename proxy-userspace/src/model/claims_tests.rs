@@ -196,7 +196,7 @@ fn the_claims_table() {
             .into_iter()
             .filter(|c| c.frontend == case.frontend)
             .flat_map(|c| c.losers)
-            .map(|k| k.name)
+            .map(|k| k.name.to_string())
             .collect();
         assert_eq!(losers, case.losers, "{}", case.name);
     }

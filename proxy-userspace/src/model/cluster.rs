@@ -11,16 +11,21 @@ use super::intern::ArcStr;
 
 /// Namespace and name of a namespaced object; orders like kube-proxy's
 /// `NamespacedName` (namespace first).
+///
+/// Both are shared strings: a key is copied into every index that names
+/// its object (the cluster state, the Service's slices, the published
+/// state, the claims), and each copy is two pointers.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct ObjectKey {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: ArcStr,
+    pub name: ArcStr,
 }
 
 impl ObjectKey {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    /// The namespace is interned: a few namespaces hold many objects.
+    pub fn new(namespace: impl AsRef<str>, name: impl Into<ArcStr>) -> Self {
         Self {
-            namespace: namespace.into(),
+            namespace: super::intern::intern(namespace.as_ref()),
             name: name.into(),
         }
     }
@@ -222,8 +227,9 @@ pub struct Endpoint {
     pub hostname: Option<ArcStr>,
     pub node_name: Option<ArcStr>,
     pub zone: Option<ArcStr>,
-    /// `None` when the slice gives none.
-    pub hints: Option<Box<EndpointHints>>,
+    /// `None` when the slice gives none; shared with the published
+    /// endpoint.
+    pub hints: Option<Arc<EndpointHints>>,
     /// Shared with the published endpoints.
     pub target_ref: Option<Arc<TargetRef>>,
 }
@@ -323,7 +329,7 @@ impl EndpointSlice {
     pub fn service_key(&self) -> Option<ObjectKey> {
         self.labels
             .get(LABEL_SERVICE_NAME)
-            .map(|name| ObjectKey::new(self.key.namespace.clone(), name.as_str()))
+            .map(|name| ObjectKey::new(&self.key.namespace, name.clone()))
     }
 }
 
@@ -494,7 +500,7 @@ impl ClusterState {
             Change::Delete(ObjectRef { kind, key }) => match kind {
                 ObjectKind::Service => self.services.remove(&key).is_some(),
                 ObjectKind::EndpointSlice => self.endpoint_slices.remove(&key).is_some(),
-                ObjectKind::Node => self.nodes.remove(&key.name).is_some(),
+                ObjectKind::Node => self.nodes.remove(key.name.as_str()).is_some(),
                 ObjectKind::Pod => self.pods.remove(&key).is_some(),
             },
         }

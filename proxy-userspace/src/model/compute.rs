@@ -204,10 +204,17 @@ impl<'a> Candidate<'a> {
         }
     }
 
-    fn hints(&self, synth: Synthesis) -> EndpointHints {
-        EndpointHints {
-            for_zones: self.zone_hints(synth).to_vec(),
-            for_nodes: self.node_hints(synth).to_vec(),
+    /// Effective hints: the slice's own (shared), `none` when there are
+    /// none, else made.
+    fn hints(&self, synth: Synthesis, none: &Arc<EndpointHints>) -> Arc<EndpointHints> {
+        let (zones, nodes) = (self.zone_hints(synth), self.node_hints(synth));
+        match (synth, &self.ep.hints) {
+            _ if zones.is_empty() && nodes.is_empty() => none.clone(),
+            (Synthesis::Off, Some(own)) => own.clone(),
+            _ => Arc::new(EndpointHints {
+                for_zones: zones.to_vec(),
+                for_nodes: nodes.to_vec(),
+            }),
         }
     }
 }
@@ -284,9 +291,12 @@ fn service_endpoints(
         }
     }
 
+    // One allocation for the hints of every endpoint that has none.
+    let no_hints = Arc::new(EndpointHints::default());
     let mut endpoints = Vec::with_capacity(entries.ips.len());
-    endpoints
-        .extend((0..entries.ips.len()).map(|row| local_endpoint(&entries, row, &ports, synth)));
+    endpoints.extend(
+        (0..entries.ips.len()).map(|row| local_endpoint(&entries, row, &ports, synth, &no_hints)),
+    );
     Some(ServiceEndpoints {
         service: local_service(svc, service_type, &ports),
         endpoints,
@@ -496,6 +506,7 @@ fn local_endpoint(
     row: usize,
     ports: &[&ServicePort],
     synth: Synthesis,
+    no_hints: &Arc<EndpointHints>,
 ) -> LocalEndpoint {
     let best = &entries.best[row];
     let backing = entries.backing_of(row);
@@ -526,7 +537,7 @@ fn local_endpoint(
             serving: best.serving,
             terminating: best.terminating,
         },
-        hints: best.hints(synth),
+        hints: best.hints(synth, no_hints),
         ports: endpoint_ports,
         target_ref: best.ep.target_ref.clone(),
     }

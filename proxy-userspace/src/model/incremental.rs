@@ -122,6 +122,8 @@ impl Model {
                 if let Some(after) = owner_after {
                     let slices = self.slices_of.entry(after.clone()).or_default();
                     if let Err(i) = slices.binary_search(&r.key) {
+                        // Room for one more, not four: most Services have one.
+                        slices.reserve_exact(1);
                         slices.insert(i, r.key);
                     }
                     self.dirty.insert(after);

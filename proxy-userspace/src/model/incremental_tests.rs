@@ -194,7 +194,7 @@ fn slice(
                 serving: flag(2),
                 terminating: flag(4),
                 hints: (cond & 0xc0 != 0).then(|| {
-                    Box::new(EndpointHints {
+                    std::sync::Arc::new(EndpointHints {
                         for_zones: (cond & 0x40 != 0)
                             .then(|| "z1".into())
                             .into_iter()

@@ -132,8 +132,10 @@ pub struct LocalEndpoint {
     /// `node_name` is this node.
     pub local: bool,
     pub conditions: EndpointConditions,
-    /// Effective hints (synthesised ones included, SPEC §8.4).
-    pub hints: EndpointHints,
+    /// Effective hints (synthesised ones included, SPEC §8.4); the
+    /// slice's own are shared with the model, and endpoints without any
+    /// share one empty value.
+    pub hints: Arc<EndpointHints>,
     /// One entry per service port this endpoint backs, sorted (name, protocol).
     pub ports: Vec<EndpointPort>,
     pub target_ref: Option<Arc<TargetRef>>,

@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use super::cluster::{EndpointHints, Labels, ObjectKey, Protocol, TrafficPolicy};
+use super::cluster::{Labels, ObjectKey, Protocol, TrafficPolicy};
 use super::local::*;
 
 /// A ClusterIP service `ns/name` with one TCP port `http` 80 → 8080, the
@@ -65,7 +65,7 @@ pub fn endpoint(ip: &str, port: u16, scopes: EndpointScopes) -> LocalEndpoint {
             serving: true,
             terminating: false,
         },
-        hints: EndpointHints::default(),
+        hints: Default::default(),
         ports: vec![EndpointPort {
             name: "http".into(),
             protocol: Protocol::Tcp,

@@ -229,7 +229,7 @@ async fn list(args: &PodInfoArgs) -> Result<(), ClientError> {
 async fn get(args: &PodInfoGetArgs) -> Result<(), ClientError> {
     let mut c = connect(&args.client.socket).await?;
     let (pod_namespace, pod_name) = match &args.pod {
-        Some(ObjectKey { namespace, name }) => (namespace.clone(), name.clone()),
+        Some(ObjectKey { namespace, name }) => (namespace.to_string(), name.to_string()),
         None => Default::default(),
     };
     let r = c

@@ -48,8 +48,8 @@ pub fn pod_info(p: &Pod) -> pb::PodInfo {
     } = p;
     pb::PodInfo {
         pod_uid: uid.clone(),
-        pod_namespace: key.namespace.clone(),
-        pod_name: key.name.clone(),
+        pod_namespace: key.namespace.to_string(),
+        pod_name: key.name.to_string(),
         static_pod: *static_pod,
         conditions: conditions.iter().map(condition).collect(),
         deletion_timestamp: deletion_timestamp.map(timestamp),

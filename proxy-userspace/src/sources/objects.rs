@@ -134,15 +134,15 @@ fn str_field(value: &serde_json::Value, name: &str) -> Result<String, ObjectErro
 fn key(meta: &ObjectMeta) -> Result<ObjectKey, ObjectError> {
     let name = meta
         .name
-        .clone()
+        .as_deref()
         .filter(|n| !n.is_empty())
         .ok_or_else(|| invalid("metadata.name", "is required"))?;
     let namespace = meta
         .namespace
-        .clone()
+        .as_deref()
         .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "default".to_owned());
-    Ok(ObjectKey { namespace, name })
+        .unwrap_or("default");
+    Ok(ObjectKey::new(namespace, name))
 }
 
 fn parse_ip(field: &str, s: &str) -> Result<IpAddr, ObjectError> {
@@ -469,7 +469,7 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
                 zone: intern_opt(ep.zone.as_deref()),
                 hints: hints
                     .filter(|h| !h.for_zones.is_empty() || !h.for_nodes.is_empty())
-                    .map(Box::new),
+                    .map(Arc::new),
                 target_ref: ep.target_ref.map(|r| {
                     Arc::new(TargetRef {
                         kind: intern(r.kind.as_deref().unwrap_or_default()),

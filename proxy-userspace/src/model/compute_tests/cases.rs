@@ -775,7 +775,7 @@ pub(super) fn cases() -> Vec<Case> {
                     assert!(get(s, "web")
                         .endpoints
                         .iter()
-                        .all(|e| e.hints == EndpointHints::default()))
+                        .all(|e| *e.hints == EndpointHints::default()))
                 }),
             ],
         ),
@@ -880,7 +880,7 @@ pub(super) fn cases() -> Vec<Case> {
                 ),
                 Check(|s| {
                     assert_eq!(
-                        endpoint(s, "web", "10.1.0.2").hints,
+                        *endpoint(s, "web", "10.1.0.2").hints,
                         EndpointHints::default()
                     )
                 }),

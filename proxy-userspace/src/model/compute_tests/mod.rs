@@ -227,7 +227,7 @@ trait EpB: Sized {
 }
 
 fn hints(e: &mut Endpoint) -> &mut EndpointHints {
-    e.hints.get_or_insert_with(Default::default)
+    Arc::make_mut(e.hints.get_or_insert_with(Default::default))
 }
 
 impl EpB for Endpoint {

@@ -518,6 +518,8 @@ impl ManifestDir {
                 .or_insert_with(|| winner(&self.defs, r));
             let defs = self.defs.entry(r.clone()).or_default();
             let at = defs.partition_point(|d| d.file < *file);
+            // Room for one more, not four: most objects have one file.
+            defs.reserve_exact(1);
             if !defs.is_empty() && !old_refs.contains(r) {
                 let others: Vec<String> =
                     defs.iter().map(|d| d.file.display().to_string()).collect();
