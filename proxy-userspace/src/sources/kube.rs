@@ -14,6 +14,12 @@
 //! decode) is refused alone, logged with its kind, namespace and name, and
 //! keeps its last good version, also across a relist; every other object of
 //! its resource keeps flowing. A delete needs only the name.
+//!
+//! Each object is checked as it is read off the wire, inside the watcher's
+//! own decoding, and only the model's object is kept: a list page (or a
+//! whole list, from a server that does not page) never holds the API
+//! objects themselves (managed fields, annotations, status the proxy does
+//! not read), each is dropped as soon as it is decoded.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -136,9 +142,32 @@ pub async fn client(
     Ok((client, server))
 }
 
-/// An API object as the server sent it, whatever it holds. Decoding it
-/// never fails, so one object the typed client could not read (a port given
-/// as a string) cannot fail the list or the watch of every other object of
+/// A resource the source watches, and the kind its objects have in the
+/// model.
+trait Watched: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static {
+    const KIND: ObjectKind;
+}
+
+impl Watched for core::Service {
+    const KIND: ObjectKind = ObjectKind::Service;
+}
+
+impl Watched for discovery::EndpointSlice {
+    const KIND: ObjectKind = ObjectKind::EndpointSlice;
+}
+
+impl Watched for core::Node {
+    const KIND: ObjectKind = ObjectKind::Node;
+}
+
+impl Watched for core::Pod {
+    const KIND: ObjectKind = ObjectKind::Pod;
+}
+
+/// An API object as the watcher reads it: checked as it is decoded, kept
+/// as the model's object (or the reason it was refused). Decoding it never
+/// fails, so one object the typed client could not read (a port given as
+/// a string) cannot fail the list or the watch of every other object of
 /// its resource: each is checked on its own by [`objects::decode_object`],
 /// the check the file source uses. `K` names the resource (URL, apiVersion,
 /// kind).
@@ -146,11 +175,14 @@ pub async fn client(
 struct RawObject<K> {
     /// What the watcher itself reads (the resourceVersion), and no more.
     metadata: ObjectMeta,
-    value: serde_json::Value,
+    /// The object as the model has it, or why it was refused.
+    decoded: Result<Object, Rejection>,
+    /// Its kind, namespace and name, all a delete needs.
+    reference: Result<ObjectRef, ObjectError>,
     resource: PhantomData<fn() -> K>,
 }
 
-impl<'de, K> Deserialize<'de> for RawObject<K> {
+impl<'de, K: Watched> Deserialize<'de> for RawObject<K> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let value = serde_json::Value::deserialize(d)?;
         let text = |field: &str| {
@@ -166,9 +198,11 @@ impl<'de, K> Deserialize<'de> for RawObject<K> {
             resource_version: text("resourceVersion"),
             ..ObjectMeta::default()
         };
+        let reference = objects::object_ref(K::KIND, &value);
         Ok(RawObject {
             metadata,
-            value,
+            decoded: decode::<K>(value),
+            reference,
             resource: PhantomData,
         })
     }
@@ -198,7 +232,7 @@ impl<K: Resource> Resource for RawObject<K> {
 }
 
 /// An object of a watched resource that failed the checks.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Rejection {
     /// Its kind, namespace and name, when it has them.
     object: Option<ObjectRef>,
@@ -218,14 +252,10 @@ impl Rejection {
     }
 }
 
-/// Checks one object of `K` (its kind in the model is `kind`) as the file
-/// source checks a manifest's objects.
-fn decode<K: Resource<DynamicType = ()>>(
-    kind: ObjectKind,
-    raw: RawObject<K>,
-) -> Result<Object, Rejection> {
-    let RawObject { mut value, .. } = raw;
-    let object = objects::object_ref(kind, &value).ok();
+/// Checks one object of `K` as the file source checks a manifest's
+/// objects.
+fn decode<K: Watched>(mut value: serde_json::Value) -> Result<Object, Rejection> {
+    let object = objects::object_ref(K::KIND, &value).ok();
     // List items come without apiVersion and kind: the collection says them.
     if let serde_json::Value::Object(fields) = &mut value {
         fields.insert("apiVersion".into(), K::api_version(&()).into());
@@ -276,17 +306,14 @@ struct Relist {
     kept: Vec<ObjectRef>,
 }
 
-fn spawn_watch<K>(
+fn spawn_watch<K: Watched>(
     tasks: &mut JoinSet<()>,
     resource: &'static str,
-    kind: ObjectKind,
     config: watcher::Config,
     client: Client,
     out: mpsc::Sender<Update>,
     cancel: CancellationToken,
-) where
-    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
-{
+) {
     let api = Api::<RawObject<K>>::all(client);
     tasks.spawn(async move {
         let mut stream = watcher(api, config).default_backoff().boxed();
@@ -305,7 +332,7 @@ fn spawn_watch<K>(
                     continue;
                 }
                 Ok(Event::InitApply(raw)) => {
-                    match (decode(kind, raw), relist.as_mut()) {
+                    match (raw.decoded, relist.as_mut()) {
                         (Ok(o), Some(r)) => r.objects.push(o),
                         (Ok(_), None) => {}
                         (Err(rejected), r) => {
@@ -327,13 +354,13 @@ fn spawn_watch<K>(
                         kept,
                     }
                 }
-                Ok(Event::Apply(raw)) => match decode(kind, raw) {
+                Ok(Event::Apply(raw)) => match raw.decoded {
                     Ok(o) => Update::Applied(o),
                     Err(rejected) => rejected.update(resource),
                 },
                 // A delete needs the name only: the last version may well
                 // be one that failed the checks.
-                Ok(Event::Delete(raw)) => match objects::object_ref(kind, &raw.value) {
+                Ok(Event::Delete(raw)) => match raw.reference {
                     Ok(r) => Update::Deleted(r),
                     Err(error) => Rejection {
                         object: None,
@@ -383,7 +410,6 @@ pub async fn run(
     spawn_watch::<core::Service>(
         &mut watches,
         "services",
-        ObjectKind::Service,
         proxied.clone(),
         client.clone(),
         updates_tx.clone(),
@@ -392,7 +418,6 @@ pub async fn run(
     spawn_watch::<discovery::EndpointSlice>(
         &mut watches,
         "endpointslices",
-        ObjectKind::EndpointSlice,
         proxied,
         client.clone(),
         updates_tx.clone(),
@@ -401,7 +426,6 @@ pub async fn run(
     spawn_watch::<core::Node>(
         &mut watches,
         "nodes",
-        ObjectKind::Node,
         watcher::Config::default().fields(&format!("metadata.name={node_name}")),
         client.clone(),
         updates_tx.clone(),
@@ -410,7 +434,6 @@ pub async fn run(
     spawn_watch::<core::Pod>(
         &mut watches,
         "pods",
-        ObjectKind::Pod,
         watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),
         client,
         updates_tx,
@@ -555,7 +578,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn raw<K>(v: serde_json::Value) -> RawObject<K> {
+    fn raw<K: Watched>(v: serde_json::Value) -> RawObject<K> {
         serde_json::from_value(v).expect("a raw object decodes from any JSON")
     }
 
@@ -565,7 +588,7 @@ mod tests {
                           "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}});
         let raw = raw::<core::Service>(item);
         assert_eq!(raw.meta().resource_version.as_deref(), Some("7"));
-        let o = decode(ObjectKind::Service, raw).unwrap();
+        let o = raw.decoded.unwrap();
         assert_eq!(o.object_ref().to_string(), "Service prod/web");
     }
 
@@ -599,8 +622,7 @@ mod tests {
             ),
         ];
         for (v, want_reason, want_message) in cases {
-            let rejected =
-                decode(ObjectKind::Service, raw::<core::Service>(v.clone())).unwrap_err();
+            let rejected = raw::<core::Service>(v.clone()).decoded.unwrap_err();
             let Update::Rejected {
                 reason, message, ..
             } = rejected.update("services")
