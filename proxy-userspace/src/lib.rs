@@ -19,6 +19,7 @@ pub mod grpc_discovery;
 pub mod grpc_unix;
 pub mod localnet;
 pub mod logging;
+pub mod memory;
 pub mod model;
 pub mod net;
 pub mod node_addrs;

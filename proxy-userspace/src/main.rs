@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches};
 use ebpf_kube_proxy::cli::{Cli, Command, LocalnetCommand};
 use ebpf_kube_proxy::config::Config;
-use ebpf_kube_proxy::{commands, compat, config_file, daemon, logging, podinfo};
+use ebpf_kube_proxy::{commands, compat, config_file, daemon, logging, memory, podinfo};
 
 /// The kube-proxy datapaths `--proxy-mode` accepts as `auto`.
 const REPLACED_MODES: &[&str] = &["iptables", "ipvs", "kernelspace"];
@@ -18,6 +18,7 @@ fn broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 fn main() -> std::process::ExitCode {
+    memory::limit_malloc_arenas();
     let (args, ignored) = compat::strip_ignored_flags(std::env::args_os().collect());
     let matches = Cli::command().get_matches_from(args);
     let mut cli = match Cli::from_arg_matches(&matches) {

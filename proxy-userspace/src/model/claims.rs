@@ -178,6 +178,7 @@ impl Claims {
             for f in &fs {
                 let set = self.claimants.entry(*f).or_default();
                 if let Err(i) = set.binary_search(&claimant) {
+                    set.reserve_exact(1);
                     set.insert(i, claimant.clone());
                 }
             }

@@ -483,8 +483,9 @@ pub async fn run(
                     // good version, so it is not among the vanished.
                     let now: BTreeSet<ObjectRef> =
                         objects.iter().map(Object::object_ref).chain(kept).collect();
-                    let before = known.insert(resource, now.clone()).unwrap_or_default();
+                    let before = known.remove(resource).unwrap_or_default();
                     changes.extend(before.difference(&now).cloned().map(Change::Delete));
+                    known.insert(resource, now);
                     changes.extend(objects.into_iter().map(Change::Upsert));
                     if synced.insert(resource) {
                         tracing::info!(resource, "initial list complete");
