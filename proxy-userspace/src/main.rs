@@ -18,7 +18,7 @@ fn broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 fn main() -> std::process::ExitCode {
-    memory::limit_malloc_arenas();
+    memory::tune_malloc();
     let (args, ignored) = compat::strip_ignored_flags(std::env::args_os().collect());
     let matches = Cli::command().get_matches_from(args);
     let mut cli = match Cli::from_arg_matches(&matches) {
