@@ -257,10 +257,7 @@ impl KernelMaps {
     /// Runs a run of ops of one [`Kind`]; how many the kernel took, and
     /// the error that stopped it.
     fn run(&mut self, kind: Kind, ops: &[Op]) -> (usize, Result<(), EbpfError>) {
-        let all = |r: Result<(), BatchError>, err: &dyn Fn(&BatchError) -> EbpfError| match r {
-            Ok(()) => (ops.len(), Ok(())),
-            Err(e) => (e.done, Err(err(&e))),
-        };
+        let all = |r, err: &dyn Fn(&BatchError) -> EbpfError| taken(ops.len(), r, err);
         match kind {
             Kind::PutBackends | Kind::PutServices => self.put(kind, ops),
             Kind::DeleteServices => {
@@ -310,10 +307,7 @@ impl KernelMaps {
 
     /// A run of writes (`PutBackends` or `PutServices`) as one batch.
     fn put(&self, kind: Kind, ops: &[Op]) -> (usize, Result<(), EbpfError>) {
-        let all = |r: Result<(), BatchError>, err: &dyn Fn(&BatchError) -> EbpfError| match r {
-            Ok(()) => (ops.len(), Ok(())),
-            Err(e) => (e.done, Err(err(&e))),
-        };
+        let all = |r, err: &dyn Fn(&BatchError) -> EbpfError| taken(ops.len(), r, err);
         if kind == Kind::PutBackends {
             let (ids, values): (Vec<u32>, Vec<Backend>) = ops
                 .iter()
@@ -389,6 +383,19 @@ fn split_point(kind: Kind, run: &[Op]) -> Option<usize> {
             .map(|i| mid + i + 1)
             .filter(|&at| at < run.len()),
         _ => None,
+    }
+}
+
+/// How many of a run of `len` ops the kernel took, and its error named by
+/// `err`.
+fn taken(
+    len: usize,
+    r: Result<(), BatchError>,
+    err: &dyn Fn(&BatchError) -> EbpfError,
+) -> (usize, Result<(), EbpfError>) {
+    match r {
+        Ok(()) => (len, Ok(())),
+        Err(e) => (e.done, Err(err(&e))),
     }
 }
 
