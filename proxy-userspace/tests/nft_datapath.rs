@@ -21,7 +21,7 @@ use ebpf_kube_proxy::net::Cidr;
 /// ClientIP affinity for `affinity` seconds.
 fn web(endpoints: Vec<LocalEndpoint>, affinity: Option<u32>) -> ServiceEndpoints {
     let mut se = testing::service("default", "web", &["10.96.0.10"]).with_endpoints(endpoints);
-    se.service.uid = String::new();
+    se.service.uid = Default::default();
     se.service.session_affinity_timeout = affinity;
     se
 }
@@ -203,7 +203,8 @@ fn the_kernel_holds_the_rules_we_wrote() {
         v6.service.key.name = "web6".into();
         v6.service.cluster_ips =
             ebpf_kube_proxy::model::IpSet::from_ips(&["fd00:10:96::10".parse().unwrap()]);
-        v6.endpoints[0].ports[0].protocol = ebpf_kube_proxy::model::Protocol::Udp;
+        std::sync::Arc::make_mut(&mut v6.endpoints[0].ports)[0].protocol =
+            ebpf_kube_proxy::model::Protocol::Udp;
         v6.service.ports[0].protocol = ebpf_kube_proxy::model::Protocol::Udp;
         let state = LocalState::new([v4, v6]);
         let cidrs: Vec<Cidr> = vec!["10.244.0.0/16".parse().unwrap()];
@@ -347,7 +348,8 @@ fn udp_conntrack_entries_of_gone_endpoints_are_deleted() {
             let mut se = web(eps, None);
             se.service.ports[0].protocol = ebpf_kube_proxy::model::Protocol::Udp;
             for ep in &mut se.endpoints {
-                ep.ports[0].protocol = ebpf_kube_proxy::model::Protocol::Udp;
+                std::sync::Arc::make_mut(&mut ep.ports)[0].protocol =
+                    ebpf_kube_proxy::model::Protocol::Udp;
             }
             LocalState::new([se])
         };
@@ -427,7 +429,7 @@ fn many(services: usize, svc7: usize) -> LocalState {
                         endpoint(&format!("10.{}.{}.{}", 100 + i / 250, i % 250, j + 1), true)
                     }),
                 );
-                se.service.uid = String::new();
+                se.service.uid = Default::default();
                 se
             })
             .map(Into::into)

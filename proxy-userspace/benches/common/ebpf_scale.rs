@@ -31,7 +31,7 @@ pub fn service(i: usize, backends: &[IpAddr], port: u16) -> ServiceEndpoints {
     ServiceEndpoints {
         service: LocalService {
             key: ObjectKey::new(format!("ns-{}", i % 100), format!("svc-{i}")),
-            uid: String::new(),
+            uid: Default::default(),
             service_type: LocalServiceType::ClusterIp,
             labels: Labels::default(),
             created: None,
@@ -44,14 +44,14 @@ pub fn service(i: usize, backends: &[IpAddr], port: u16) -> ServiceEndpoints {
                 port: 80,
                 node_port: 0,
                 target_port: port,
-                target_port_name: String::new(),
-                app_protocol: String::new(),
+                target_port_name: Default::default(),
+                app_protocol: Default::default(),
             }],
             internal_traffic_policy: TrafficPolicy::Cluster,
             external_traffic_policy: TrafficPolicy::Cluster,
             session_affinity_timeout: None,
             health_check_node_port: 0,
-            traffic_distribution: String::new(),
+            traffic_distribution: Default::default(),
             load_balancer_source_ranges: vec![],
         },
         endpoints: backends
@@ -68,12 +68,13 @@ pub fn service(i: usize, backends: &[IpAddr], port: u16) -> ServiceEndpoints {
                     terminating: false,
                 },
                 hints: Default::default(),
-                ports: vec![EndpointPort {
+                ports: [EndpointPort {
                     name: "http".into(),
                     protocol: Protocol::Tcp,
                     port,
                     scopes,
-                }],
+                }]
+                .into(),
                 target_ref: None,
             })
             .collect(),

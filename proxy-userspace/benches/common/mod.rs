@@ -36,7 +36,7 @@ pub fn cluster_of(services: usize, endpoints_per_service: usize) -> ClusterState
             key.clone(),
             Service {
                 key: key.clone(),
-                uid: format!("uid-{i}"),
+                uid: format!("uid-{i}").into(),
                 labels: Labels::default(),
                 created: None,
                 service_type: ServiceType::ClusterIp,

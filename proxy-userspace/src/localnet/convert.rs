@@ -95,8 +95,8 @@ fn service(s: &model::LocalService) -> pb::Service {
                 port: p.port.into(),
                 node_port: p.node_port.into(),
                 target_port: p.target_port.into(),
-                target_port_name: p.target_port_name.clone(),
-                app_protocol: p.app_protocol.clone(),
+                target_port_name: p.target_port_name.to_string(),
+                app_protocol: p.app_protocol.to_string(),
             })
             .collect(),
         internal_traffic_policy: traffic_policy(*internal_traffic_policy).into(),
@@ -109,9 +109,9 @@ fn service(s: &model::LocalService) -> pb::Service {
             )),
         }),
         health_check_node_port: (*health_check_node_port).into(),
-        traffic_distribution: traffic_distribution.clone(),
+        traffic_distribution: traffic_distribution.to_string(),
         load_balancer_source_ranges: load_balancer_source_ranges.clone(),
-        uid: uid.clone(),
+        uid: uid.to_string(),
     }
 }
 

@@ -119,7 +119,7 @@ pub enum TrafficPolicy {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum TargetPort {
     Number(u16),
-    Name(String),
+    Name(ArcStr),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -131,7 +131,7 @@ pub struct ServicePort {
     /// 0 = none.
     pub node_port: u16,
     pub target_port: TargetPort,
-    pub app_protocol: Option<String>,
+    pub app_protocol: Option<ArcStr>,
 }
 
 /// One `status.loadBalancer.ingress[]` entry that carries an IP.
@@ -157,7 +157,7 @@ pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Service {
     pub key: ObjectKey,
-    pub uid: String,
+    pub uid: ArcStr,
     pub labels: Labels,
     /// `metadata.creationTimestamp` in Unix seconds: decides which service
     /// owns an address two claim (see [`super::claims`]).
@@ -176,7 +176,7 @@ pub struct Service {
     /// 0 = none.
     pub health_check_node_port: u16,
     /// `spec.trafficDistribution` as given.
-    pub traffic_distribution: Option<String>,
+    pub traffic_distribution: Option<ArcStr>,
     /// CIDRs as given (validated by the source).
     pub load_balancer_source_ranges: Vec<String>,
 }

@@ -293,9 +293,11 @@ fn service_endpoints(
 
     // One allocation for the hints of every endpoint that has none.
     let no_hints = Arc::new(EndpointHints::default());
+    let mut shared = SharedPorts::default();
     let mut endpoints = Vec::with_capacity(entries.ips.len());
     endpoints.extend(
-        (0..entries.ips.len()).map(|row| local_endpoint(&entries, row, &ports, synth, &no_hints)),
+        (0..entries.ips.len())
+            .map(|row| local_endpoint(&entries, row, &ports, synth, &no_hints, &mut shared)),
     );
     Some(ServiceEndpoints {
         service: local_service(svc, service_type, &ports),
@@ -507,12 +509,12 @@ fn local_endpoint(
     ports: &[&ServicePort],
     synth: Synthesis,
     no_hints: &Arc<EndpointHints>,
+    shared: &mut SharedPorts,
 ) -> LocalEndpoint {
     let best = &entries.best[row];
     let backing = entries.backing_of(row);
-    // Sized exactly: a quarter of a million endpoints each keep theirs.
-    let mut endpoint_ports = Vec::with_capacity(backing.iter().flatten().count());
-    endpoint_ports.extend(
+    shared.scratch.clear();
+    shared.scratch.extend(
         ports
             .iter()
             .zip(backing)
@@ -538,8 +540,33 @@ fn local_endpoint(
             terminating: best.terminating,
         },
         hints: best.hints(synth, no_hints),
-        ports: endpoint_ports,
+        ports: shared.take(),
         target_ref: best.ep.target_ref.clone(),
+    }
+}
+
+/// The port lists of one service's endpoints: an endpoint whose ports
+/// and scopes equal those of an earlier one shares its slice, so a
+/// quarter of a million endpoints do not each keep a copy.
+#[derive(Default)]
+struct SharedPorts {
+    scratch: Vec<EndpointPort>,
+    /// The distinct lists seen so far; a service has few.
+    seen: Vec<Arc<[EndpointPort]>>,
+}
+
+impl SharedPorts {
+    /// The shared slice equal to `scratch`.
+    fn take(&mut self) -> Arc<[EndpointPort]> {
+        if let Some(p) = self.seen.iter().find(|p| p[..] == self.scratch[..]) {
+            return p.clone();
+        }
+        let p: Arc<[EndpointPort]> = Arc::from(self.scratch.as_slice());
+        // Bounded: a pathological service does not get a quadratic scan.
+        if self.seen.len() < 8 {
+            self.seen.push(p.clone());
+        }
+        p
     }
 }
 
@@ -590,7 +617,7 @@ fn local_service(
 
 fn port_mapping(port: &ServicePort) -> PortMapping {
     let (target_port, target_port_name) = match &port.target_port {
-        TargetPort::Number(n) => (*n, String::new()),
+        TargetPort::Number(n) => (*n, ArcStr::default()),
         TargetPort::Name(name) => (0, name.clone()),
     };
     PortMapping {

@@ -110,7 +110,7 @@ fn service(n: u8, name: u8, v: u16) -> Service {
     };
     Service {
         key: ObjectKey::new(ns(n), format!("s{}", name % 3)),
-        uid: format!("uid-{v}"),
+        uid: format!("uid-{v}").into(),
         labels,
         created: Some(i64::from(v % 5)),
         service_type,

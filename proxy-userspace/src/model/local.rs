@@ -19,24 +19,27 @@ pub enum LocalServiceType {
 /// Addresses of one kind, split by family, each list sorted and deduplicated.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct IpSet {
-    pub v4: Vec<Ipv4Addr>,
-    pub v6: Vec<Ipv6Addr>,
+    pub v4: Box<[Ipv4Addr]>,
+    pub v6: Box<[Ipv6Addr]>,
 }
 
 impl IpSet {
     pub fn from_ips<'a>(ips: impl IntoIterator<Item = &'a IpAddr>) -> Self {
-        let mut set = IpSet::default();
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
         for ip in ips {
             match ip {
-                IpAddr::V4(a) => set.v4.push(*a),
-                IpAddr::V6(a) => set.v6.push(*a),
+                IpAddr::V4(a) => v4.push(*a),
+                IpAddr::V6(a) => v6.push(*a),
             }
         }
-        set.v4.sort_unstable();
-        set.v4.dedup();
-        set.v6.sort_unstable();
-        set.v6.dedup();
-        set
+        v4.sort_unstable();
+        v4.dedup();
+        v6.sort_unstable();
+        v6.dedup();
+        IpSet {
+            v4: v4.into(),
+            v6: v6.into(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -61,14 +64,14 @@ pub struct PortMapping {
     /// Numeric targetPort, 0 if named.
     pub target_port: u16,
     /// Named targetPort, `""` if numeric.
-    pub target_port_name: String,
-    pub app_protocol: String,
+    pub target_port_name: ArcStr,
+    pub app_protocol: ArcStr,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LocalService {
     pub key: ObjectKey,
-    pub uid: String,
+    pub uid: ArcStr,
     pub service_type: LocalServiceType,
     pub labels: Labels,
     /// `metadata.creationTimestamp` in Unix seconds (not published on
@@ -87,7 +90,7 @@ pub struct LocalService {
     pub session_affinity_timeout: Option<u32>,
     pub health_check_node_port: u16,
     /// `""` when unset.
-    pub traffic_distribution: String,
+    pub traffic_distribution: ArcStr,
     /// Sorted.
     pub load_balancer_source_ranges: Vec<String>,
 }
@@ -137,7 +140,9 @@ pub struct LocalEndpoint {
     /// share one empty value.
     pub hints: Arc<EndpointHints>,
     /// One entry per service port this endpoint backs, sorted (name, protocol).
-    pub ports: Vec<EndpointPort>,
+    /// Endpoints of a service with the same ports and scopes share one
+    /// slice (most of them do).
+    pub ports: Arc<[EndpointPort]>,
     pub target_ref: Option<Arc<TargetRef>>,
 }
 

@@ -6,6 +6,7 @@
 use std::net::IpAddr;
 
 use super::cluster::{Labels, ObjectKey, Protocol, TrafficPolicy};
+use super::intern::ArcStr;
 use super::local::*;
 
 /// A ClusterIP service `ns/name` with one TCP port `http` 80 → 8080, the
@@ -14,7 +15,7 @@ pub fn service(ns: &str, name: &str, cluster_ips: &[&str]) -> ServiceEndpoints {
     ServiceEndpoints {
         service: LocalService {
             key: ObjectKey::new(ns, name),
-            uid: format!("uid-{name}"),
+            uid: format!("uid-{name}").into(),
             service_type: LocalServiceType::ClusterIp,
             labels: Labels::default(),
             created: None,
@@ -27,14 +28,14 @@ pub fn service(ns: &str, name: &str, cluster_ips: &[&str]) -> ServiceEndpoints {
                 port: 80,
                 node_port: 0,
                 target_port: 8080,
-                target_port_name: String::new(),
-                app_protocol: String::new(),
+                target_port_name: ArcStr::default(),
+                app_protocol: ArcStr::default(),
             }],
             internal_traffic_policy: TrafficPolicy::Cluster,
             external_traffic_policy: TrafficPolicy::Cluster,
             session_affinity_timeout: None,
             health_check_node_port: 0,
-            traffic_distribution: String::new(),
+            traffic_distribution: ArcStr::default(),
             load_balancer_source_ranges: vec![],
         },
         endpoints: vec![],
@@ -66,12 +67,13 @@ pub fn endpoint(ip: &str, port: u16, scopes: EndpointScopes) -> LocalEndpoint {
             terminating: false,
         },
         hints: Default::default(),
-        ports: vec![EndpointPort {
+        ports: [EndpointPort {
             name: "http".into(),
             protocol: Protocol::Tcp,
             port,
             scopes,
-        }],
+        }]
+        .into(),
         target_ref: None,
     }
 }
@@ -141,8 +143,8 @@ impl ServiceEndpoints {
                 port: *port,
                 node_port: 0,
                 target_port: 0,
-                target_port_name: String::new(),
-                app_protocol: String::new(),
+                target_port_name: ArcStr::default(),
+                app_protocol: ArcStr::default(),
             })
             .collect();
         self
@@ -196,9 +198,11 @@ impl ServiceEndpoints {
     pub fn with_external_policy_local(mut self) -> Self {
         self.service.external_traffic_policy = TrafficPolicy::Local;
         for e in &mut self.endpoints {
-            for p in &mut e.ports {
+            let mut ports = e.ports.to_vec();
+            for p in &mut ports {
                 p.scopes.external = e.local;
             }
+            e.ports = ports.into();
         }
         self
     }

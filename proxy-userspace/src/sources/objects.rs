@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::RejectReason;
-use crate::model::intern::{intern, intern_opt};
+use crate::model::intern::{intern, intern_opt, ArcStr};
 use crate::model::{
     AddressType, ConditionStatus, Endpoint, EndpointHints, EndpointSlice, EndpointSlicePort,
     Labels, LoadBalancerIngress, Node, Object, ObjectKey, ObjectKind, ObjectRef, Pod, PodCondition,
@@ -275,7 +275,7 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
             }
             Some(IntOrString::String(s)) => match s.parse::<i32>() {
                 Ok(n) => TargetPort::Number(port_number(&format!("{field}.targetPort"), n, false)?),
-                Err(_) if !s.is_empty() => TargetPort::Name(s),
+                Err(_) if !s.is_empty() => TargetPort::Name(intern(&s)),
                 Err(_) => TargetPort::Number(port),
             },
         };
@@ -292,7 +292,7 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
             port,
             node_port,
             target_port,
-            app_protocol: p.app_protocol,
+            app_protocol: p.app_protocol.as_deref().map(intern),
         });
     }
 
@@ -369,7 +369,7 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
 
     Ok(Service {
         key,
-        uid: svc.metadata.uid.unwrap_or_default(),
+        uid: svc.metadata.uid.map(ArcStr::from).unwrap_or_default(),
         labels: labels(svc.metadata.labels),
         created: svc
             .metadata
@@ -395,7 +395,10 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
             spec.health_check_node_port.unwrap_or(0),
             true,
         )?,
-        traffic_distribution: spec.traffic_distribution.filter(|s| !s.is_empty()),
+        traffic_distribution: spec
+            .traffic_distribution
+            .filter(|s| !s.is_empty())
+            .map(|s| intern(&s)),
         load_balancer_source_ranges,
     })
 }

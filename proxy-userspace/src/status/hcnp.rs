@@ -238,7 +238,7 @@ pub async fn run(
                         svc.health_check_node_port,
                         Answer {
                             service: svc.key.clone(),
-                            uid: svc.uid.clone(),
+                            uid: svc.uid.to_string(),
                             local_v4: s.local_ready_endpoints_v4,
                             local_v6: s.local_ready_endpoints_v6,
                         },

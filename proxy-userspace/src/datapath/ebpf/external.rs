@@ -347,7 +347,8 @@ impl ExtMaps {
         &mut self,
         wanted: impl IntoIterator<Item = (Vip, &'a [Cidr])>,
     ) -> Result<(), EbpfError> {
-        for (vip, cidrs) in wanted {
+        // Only VIPs with ranges get an entry: most have none.
+        for (vip, cidrs) in wanted.into_iter().filter(|(_, c)| !c.is_empty()) {
             let have = self.programmed_ranges.entry(vip).or_default();
             for cidr in cidrs {
                 if have.contains(cidr) {

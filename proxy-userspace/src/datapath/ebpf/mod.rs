@@ -35,6 +35,7 @@ pub mod loader;
 pub mod maps;
 pub mod plan;
 pub mod sockdestroy;
+mod write;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -50,7 +51,7 @@ use codec::Vip;
 use desired::DesiredService;
 use external::{ExtMaps, NodeIface};
 use maps::KernelMaps;
-use plan::{Change, PlanProblem, Programmed};
+use plan::{Change, Programmed};
 
 pub use loader::{cleanup, CleanupReport};
 
@@ -296,90 +297,6 @@ impl EbpfDatapath {
         }
     }
 
-    /// Refuses a plan that would overflow a map, before its first write.
-    fn check_fits(&self, ops: &[plan::Op]) -> Result<(), EbpfError> {
-        let peak = plan::peak(&self.view, ops);
-        let c = self.maps.capacity;
-        for (map, needed, capacity) in [
-            (proxy_common::MAP_SERVICES, peak.service_entries, c.services),
-            (proxy_common::MAP_BACKENDS, peak.backends, c.backends),
-        ] {
-            if needed > capacity as usize {
-                self.metrics.full.with_label_values(&[map]).inc();
-                return Err(EbpfError::MapFull {
-                    map,
-                    capacity,
-                    needed: Some(needed),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    fn apply_changes(&mut self, changes: Vec<Change<'_>>) -> Result<ApplyStats, EbpfError> {
-        // Source ranges are written before the headers that ask for them
-        // and removed after the headers stopped asking.
-        let mut ranges_after: Vec<(Vip, Vec<crate::net::Cidr>)> = Vec::new();
-        let mut ranges_before: Vec<(Vip, &[crate::net::Cidr])> = Vec::new();
-        for c in &changes {
-            match c {
-                Change::Upsert(d) => {
-                    let keep = d.source_ranges.as_deref().unwrap_or(&[]);
-                    ranges_before.push((d.vip, keep));
-                    ranges_after.push((d.vip, keep.to_vec()));
-                }
-                Change::Remove(vip) => ranges_after.push((*vip, Vec::new())),
-            }
-        }
-        let started = std::time::Instant::now();
-        self.ext.add_ranges(ranges_before)?;
-        let drained = self.draining.update(&changes);
-        let plan = plan::plan(&self.view, changes);
-        let planned = started.elapsed();
-        self.check_fits(&plan.ops)?;
-        // Filling empty maps (the first start) removes nothing; listing
-        // the 250,000 pairs it adds would only cancel pending destroys.
-        let pairs = self
-            .sock_destroyer
-            .as_ref()
-            .filter(|d| self.view.service_entry_count() > 0 || d.has_pending())
-            .map(|_| sockdestroy::removed_and_added(&self.view, &plan.ops));
-        let listed = started.elapsed();
-        maps::execute(&plan.ops, &mut self.view, &mut self.maps)?;
-        let written = started.elapsed();
-        for (vip, keep) in &ranges_after {
-            self.ext.trim_ranges(vip, keep)?;
-        }
-        let gc = plan::plan_gc(&self.view);
-        maps::execute(&gc, &mut self.view, &mut self.maps)?;
-        if let (Some(d), Some((mut removed, added))) = (&self.sock_destroyer, pairs) {
-            removed.retain(|p| !self.draining.keeps(p));
-            removed.extend(drained);
-            d.submit(removed, &added);
-        }
-        if let Some(PlanProblem::TooManyBackends { vip, count }) = plan.problems.first() {
-            return Err(EbpfError::TooManyBackends {
-                vip: *vip,
-                count: *count,
-                max: proxy_common::MAX_BACKENDS_PER_SERVICE,
-            });
-        }
-        tracing::debug!(
-            vips_changed = plan.vips_changed,
-            ops = plan.ops.len(),
-            service_entries = self.view.service_entry_count(),
-            backends = self.view.backend_count(),
-            plan_ms = planned.as_secs_f64() * 1e3,
-            socket_pairs_ms = (listed - planned).as_secs_f64() * 1e3,
-            write_ms = (written - listed).as_secs_f64() * 1e3,
-            total_ms = started.elapsed().as_secs_f64() * 1e3,
-            "eBPF maps updated"
-        );
-        Ok(ApplyStats {
-            services_changed: plan.vips_changed,
-        })
-    }
-
     /// Follows the node's addresses: attaches the tc programs to
     /// interfaces that gained a selected address, detaches them from those
     /// that lost all; `true` when the node ports' addresses changed, so
@@ -520,13 +437,8 @@ impl Datapath for EbpfDatapath {
             .filter(|vip| !wanted.contains(vip))
             .collect();
         stale.sort_unstable();
-        let changes = stale
-            .into_iter()
-            .map(Change::Remove)
-            .chain(desired.iter().map(Change::Upsert))
-            .collect();
         self.owned.clear();
-        let stats = self.apply_changes(changes)?;
+        let stats = self.apply_full(stale, &desired)?;
         // Source ranges left by an earlier daemon for frontends that are
         // gone (their headers were not in the maps to remove).
         for vip in self.ext.vips_with_ranges() {

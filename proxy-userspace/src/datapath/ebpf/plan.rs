@@ -508,6 +508,39 @@ pub fn peak(view: &Programmed, ops: &[Op]) -> Peak {
     }
 }
 
+/// An upper bound of [`peak`] over any sequence of plans that first
+/// removes `stale` and then writes `desired` (each VIP once, in any
+/// grouping), with backends collected only after the last: the maps as
+/// they are, or after the removals with each VIP at the larger of its old
+/// and new entry counts; every backend in the view stays while new ones
+/// are added.
+pub fn peak_bound(view: &Programmed, stale: &[Vip], desired: &[DesiredService]) -> Peak {
+    let entries = |vip: &Vip| {
+        view.services.get(vip).map_or(0, |s| {
+            usize::from(s.header.is_some()) + s.slots.iter().filter(|&&id| id != 0).count()
+        })
+    };
+    let removed: usize = stale.iter().map(entries).sum();
+    let grown: usize = desired
+        .iter()
+        .map(|d| (1 + d.backends.len()).saturating_sub(entries(&d.vip)))
+        .sum();
+    let mut new: HashSet<&BackendAddr> = HashSet::new();
+    for d in desired {
+        new.extend(
+            d.backends
+                .iter()
+                .filter(|b| !view.backend_ids.contains_key(b)),
+        );
+    }
+    Peak {
+        service_entries: view
+            .service_entries
+            .max(view.service_entries.saturating_sub(removed) + grown),
+        backends: view.backends.len() + new.len(),
+    }
+}
+
 /// Backends no slot refers to any more; run after the service ops.
 pub fn plan_gc(view: &Programmed) -> Vec<Op> {
     view.unreferenced

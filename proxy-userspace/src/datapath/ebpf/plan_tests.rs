@@ -485,7 +485,7 @@ fn service(
                 .iter()
                 .map(|(ip, port, scopes)| testing::endpoint(ip, *port, *scopes)),
         );
-    se.service.uid = String::new();
+    se.service.uid = Default::default();
     se.service.session_affinity_timeout = Some(10800);
     se
 }
@@ -687,4 +687,58 @@ fn peak_is_the_most_entries_the_maps_hold_while_a_plan_runs() {
     // a's 3 entries go first (5 → 2), b grows by one slot, c adds three.
     assert_eq!(want.service_entries, 6);
     assert_eq!(want.backends, 5);
+}
+
+/// A desired service from small indexes: VIP `10.96.0.v:80`, backends
+/// `10.0.0.b:80`.
+fn indexed(v: u8, backends: &[u8]) -> DesiredService {
+    let names: Vec<String> = backends.iter().map(|b| format!("10.0.0.{b}:80")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut d = desired(&format!("10.96.0.{v}:80"), &refs, None);
+    d.backends.dedup();
+    d
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+    /// Whatever was programmed before and however the full sync is cut
+    /// into plans, the maps never hold more than `peak_bound` says (the
+    /// chunked full sync checks capacity against it once, up front).
+    #[test]
+    fn chunked_full_sync_stays_within_the_peak_bound(
+        before in proptest::collection::btree_map(0u8..24, proptest::collection::vec(0u8..40, 0..6), 0..16),
+        after in proptest::collection::btree_map(0u8..24, proptest::collection::vec(0u8..40, 0..6), 0..16),
+        chunk in 1usize..6,
+    ) {
+        let mut k = FakeKernel::default();
+        let mut view = Programmed::default();
+        let old: Vec<DesiredService> = before.iter().map(|(v, b)| indexed(*v, b)).collect();
+        sync(&mut k, &mut view, old.iter().map(Change::Upsert).collect());
+        let new: Vec<DesiredService> = after.iter().map(|(v, b)| indexed(*v, b)).collect();
+        let stale: Vec<Vip> = view
+            .services()
+            .map(|(vip, _)| *vip)
+            .filter(|vip| !new.iter().any(|d| d.vip == *vip))
+            .collect();
+        let bound = peak_bound(&view, &stale, &new);
+        let (mut most_services, mut most_backends) = (k.services.len(), k.backends.len());
+        let mut run = |k: &mut FakeKernel, view: &mut Programmed, changes: Vec<Change<'_>>| {
+            for op in plan(view, changes).ops {
+                k.run(view, std::slice::from_ref(&op));
+                most_services = most_services.max(k.services.len());
+                most_backends = most_backends.max(k.backends.len());
+            }
+        };
+        run(&mut k, &mut view, stale.iter().map(|v| Change::Remove(*v)).collect());
+        for part in new.chunks(chunk) {
+            run(&mut k, &mut view, part.iter().map(Change::Upsert).collect());
+        }
+        let gc = plan_gc(&view);
+        k.run(&mut view, &gc);
+        proptest::prop_assert!(most_services <= bound.service_entries, "{most_services} > {bound:?}");
+        proptest::prop_assert!(most_backends <= bound.backends, "{most_backends} > {bound:?}");
+        // The chunks end where one plan ends: exactly the new services.
+        let entries: usize = new.iter().map(|d| 1 + d.backends.len()).sum();
+        proptest::prop_assert_eq!(k.services.len(), entries);
+    }
 }

@@ -46,7 +46,7 @@ fn esp(name: &str, protocol: Protocol, port: u16) -> EndpointSlicePort {
 fn svc(name: &str) -> Service {
     Service {
         key: ObjectKey::new(NS, name),
-        uid: format!("uid-{name}"),
+        uid: format!("uid-{name}").into(),
         labels: Labels::default(),
         created: None,
         service_type: ServiceType::ClusterIp,
@@ -338,7 +338,7 @@ fn render_scopes(s: &EndpointScopes) -> String {
 /// `ip name/PROTO=port:CLIE ...`
 fn render(e: &LocalEndpoint) -> String {
     let mut out = e.ip.to_string();
-    for p in &e.ports {
+    for p in e.ports.iter() {
         out.push_str(&format!(
             " {}/{}={}:{}",
             p.name,

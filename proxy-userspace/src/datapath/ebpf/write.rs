@@ -1,0 +1,194 @@
+//! Turning changes into map writes: plan, capacity check, write, collect
+//! backends no slot uses any more, hand removed backends to socket
+//! destruction.
+//!
+//! A full sync of a large cluster is written in chunks of
+//! [`FULL_SYNC_CHUNK`] VIPs, each planned and written on its own, so the
+//! ops and batch buffers in memory at once are a chunk's, not the
+//! cluster's (at 50k services / 250k endpoints one plan is ~550k ops and
+//! ~40 MB). Every chunk writes whole services (the plan's ordering rules
+//! hold inside it) and backends are only collected after the last chunk,
+//! so a backend a later chunk still uses is never deleted. The capacity
+//! check is made once, up front, on a bound of the whole sync; a sync that
+//! might not fit takes the single-plan path, whose exact check refuses it
+//! before its first write.
+
+use super::codec::Vip;
+use super::desired::DesiredService;
+use super::plan::{self, Change, PlanProblem};
+use super::{maps, sockdestroy, EbpfDatapath, EbpfError};
+use crate::datapath::ApplyStats;
+
+/// VIPs planned and written together in a chunked full sync: a few MB of
+/// ops, and still long runs for the kernel's batch calls.
+pub(super) const FULL_SYNC_CHUNK: usize = 8_192;
+
+/// What one plan wrote, and the first service it could not program.
+#[derive(Default)]
+struct Written {
+    services_changed: usize,
+    problem: Option<PlanProblem>,
+}
+
+impl Written {
+    fn add(&mut self, other: Written) {
+        self.services_changed += other.services_changed;
+        self.problem = self.problem.take().or(other.problem);
+    }
+
+    fn into_result(self) -> Result<ApplyStats, EbpfError> {
+        match self.problem {
+            Some(PlanProblem::TooManyBackends { vip, count }) => Err(EbpfError::TooManyBackends {
+                vip,
+                count,
+                max: proxy_common::MAX_BACKENDS_PER_SERVICE,
+            }),
+            None => Ok(ApplyStats {
+                services_changed: self.services_changed,
+            }),
+        }
+    }
+}
+
+impl EbpfDatapath {
+    /// One plan for all `changes`, then backends no slot uses any more.
+    pub(super) fn apply_changes(
+        &mut self,
+        changes: Vec<Change<'_>>,
+    ) -> Result<ApplyStats, EbpfError> {
+        let list_pairs = self.lists_socket_pairs();
+        let written = self.write_changes(changes, list_pairs)?;
+        self.collect_backends()?;
+        written.into_result()
+    }
+
+    /// A full sync: `stale` VIPs removed, then `desired` written, in
+    /// chunks when the whole sync is sure to fit the maps.
+    pub(super) fn apply_full(
+        &mut self,
+        stale: Vec<Vip>,
+        desired: &[DesiredService],
+    ) -> Result<ApplyStats, EbpfError> {
+        if desired.len() <= FULL_SYNC_CHUNK || !self.fits_in_chunks(&stale, desired) {
+            let changes = stale
+                .into_iter()
+                .map(Change::Remove)
+                .chain(desired.iter().map(Change::Upsert))
+                .collect();
+            return self.apply_changes(changes);
+        }
+        // Decided once: after the first chunk the view is not empty any
+        // more, but a first start still has no pairs to destroy.
+        let list_pairs = self.lists_socket_pairs();
+        let removals = stale.into_iter().map(Change::Remove).collect();
+        let mut written = self.write_changes(removals, list_pairs)?;
+        for chunk in desired.chunks(FULL_SYNC_CHUNK) {
+            let upserts = chunk.iter().map(Change::Upsert).collect();
+            written.add(self.write_changes(upserts, list_pairs)?);
+        }
+        self.collect_backends()?;
+        written.into_result()
+    }
+
+    /// Whether the maps hold the largest number of entries a chunked sync
+    /// can reach; otherwise the single plan's exact check decides.
+    fn fits_in_chunks(&self, stale: &[Vip], desired: &[DesiredService]) -> bool {
+        let bound = plan::peak_bound(&self.view, stale, desired);
+        let c = self.maps.capacity;
+        bound.service_entries <= c.services as usize && bound.backends <= c.backends as usize
+    }
+
+    /// Socket destruction needs the (VIP, backend) pairs a plan removes
+    /// and adds; filling empty maps (the first start) removes nothing, and
+    /// listing the 250,000 pairs it adds would only cancel pending
+    /// destroys.
+    fn lists_socket_pairs(&self) -> bool {
+        self.sock_destroyer
+            .as_ref()
+            .is_some_and(|d| self.view.service_entry_count() > 0 || d.has_pending())
+    }
+
+    /// Plans `changes` against the view, refuses a plan that would
+    /// overflow a map before its first write, writes it and hands the
+    /// removed pairs to socket destruction. Source ranges are written
+    /// before the headers that ask for them and removed after the headers
+    /// stopped asking.
+    fn write_changes(
+        &mut self,
+        changes: Vec<Change<'_>>,
+        list_pairs: bool,
+    ) -> Result<Written, EbpfError> {
+        let mut ranges_after: Vec<(Vip, Vec<crate::net::Cidr>)> = Vec::new();
+        let mut ranges_before: Vec<(Vip, &[crate::net::Cidr])> = Vec::new();
+        for c in &changes {
+            match c {
+                Change::Upsert(d) => {
+                    let keep = d.source_ranges.as_deref().unwrap_or(&[]);
+                    ranges_before.push((d.vip, keep));
+                    ranges_after.push((d.vip, keep.to_vec()));
+                }
+                Change::Remove(vip) => ranges_after.push((*vip, Vec::new())),
+            }
+        }
+        let started = std::time::Instant::now();
+        self.ext.add_ranges(ranges_before)?;
+        let drained = self.draining.update(&changes);
+        let plan = plan::plan(&self.view, changes);
+        let planned = started.elapsed();
+        self.check_fits(&plan.ops)?;
+        let pairs = list_pairs.then(|| sockdestroy::removed_and_added(&self.view, &plan.ops));
+        let listed = started.elapsed();
+        maps::execute(&plan.ops, &mut self.view, &mut self.maps)?;
+        let written = started.elapsed();
+        for (vip, keep) in &ranges_after {
+            self.ext.trim_ranges(vip, keep)?;
+        }
+        if let (Some(d), Some((mut removed, added))) = (&self.sock_destroyer, pairs) {
+            removed.retain(|p| !self.draining.keeps(p));
+            removed.extend(drained);
+            d.submit(removed, &added);
+        }
+        tracing::debug!(
+            vips_changed = plan.vips_changed,
+            ops = plan.ops.len(),
+            service_entries = self.view.service_entry_count(),
+            backends = self.view.backend_count(),
+            plan_ms = planned.as_secs_f64() * 1e3,
+            socket_pairs_ms = (listed - planned).as_secs_f64() * 1e3,
+            write_ms = (written - listed).as_secs_f64() * 1e3,
+            total_ms = started.elapsed().as_secs_f64() * 1e3,
+            "eBPF maps updated"
+        );
+        Ok(Written {
+            services_changed: plan.vips_changed,
+            problem: plan.problems.into_iter().next(),
+        })
+    }
+
+    /// Deletes the backends no slot refers to any more.
+    fn collect_backends(&mut self) -> Result<(), EbpfError> {
+        let gc = plan::plan_gc(&self.view);
+        maps::execute(&gc, &mut self.view, &mut self.maps)?;
+        Ok(())
+    }
+
+    /// Refuses a plan that would overflow a map, before its first write.
+    fn check_fits(&self, ops: &[plan::Op]) -> Result<(), EbpfError> {
+        let peak = plan::peak(&self.view, ops);
+        let c = self.maps.capacity;
+        for (map, needed, capacity) in [
+            (proxy_common::MAP_SERVICES, peak.service_entries, c.services),
+            (proxy_common::MAP_BACKENDS, peak.backends, c.backends),
+        ] {
+            if needed > capacity as usize {
+                self.metrics.full.with_label_values(&[map]).inc();
+                return Err(EbpfError::MapFull {
+                    map,
+                    capacity,
+                    needed: Some(needed),
+                });
+            }
+        }
+        Ok(())
+    }
+}
