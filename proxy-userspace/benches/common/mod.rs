@@ -34,7 +34,7 @@ pub fn cluster_of(services: usize, endpoints_per_service: usize) -> ClusterState
         let vip = Ipv4Addr::from(0x0a60_0000u32 + i as u32);
         c.services.insert(
             key.clone(),
-            Service {
+            Box::new(Service {
                 key: key.clone(),
                 uid: format!("uid-{i}").into(),
                 labels: Labels::default(),
@@ -57,7 +57,7 @@ pub fn cluster_of(services: usize, endpoints_per_service: usize) -> ClusterState
                 health_check_node_port: 0,
                 traffic_distribution: None,
                 load_balancer_source_ranges: vec![],
-            },
+            }),
         );
         let endpoints = (0..endpoints_per_service)
             .map(|j| {
@@ -81,7 +81,7 @@ pub fn cluster_of(services: usize, endpoints_per_service: usize) -> ClusterState
         let slice_key = ObjectKey::new(key.namespace.clone(), format!("svc-{i}-abcde"));
         c.endpoint_slices.insert(
             slice_key.clone(),
-            EndpointSlice {
+            Box::new(EndpointSlice {
                 key: slice_key,
                 labels: Labels::from_iter([(LABEL_SERVICE_NAME, key.name.as_str())]),
                 address_type: AddressType::Ipv4,
@@ -93,7 +93,7 @@ pub fn cluster_of(services: usize, endpoints_per_service: usize) -> ClusterState
                 }],
                 endpoints,
                 last_change_trigger_time: None,
-            },
+            }),
         );
     }
     c

@@ -88,7 +88,7 @@ impl Model {
                 .cluster
                 .endpoint_slices
                 .get(&r.key)
-                .and_then(EndpointSlice::service_key),
+                .and_then(|s| s.service_key()),
             _ => None,
         };
         let zone_before = match r.kind {
@@ -107,7 +107,7 @@ impl Model {
                     .cluster
                     .endpoint_slices
                     .get(&r.key)
-                    .and_then(EndpointSlice::service_key);
+                    .and_then(|s| s.service_key());
                 if let Some(before) = slice_owner_before {
                     if let Some(slices) = self.slices_of.get_mut(&before) {
                         if let Ok(i) = slices.binary_search(&r.key) {
@@ -185,7 +185,7 @@ impl Model {
             .get(key)
             .into_iter()
             .flatten()
-            .filter_map(|k| self.cluster.endpoint_slices.get(k))
+            .filter_map(|k| self.cluster.endpoint_slices.get(k).map(|s| &**s))
             .collect();
         service_view(svc, &slices, env)
     }

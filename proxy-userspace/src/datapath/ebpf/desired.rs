@@ -2,6 +2,7 @@
 //! a service owns (see [`crate::model::claims`]), from a [`LocalState`].
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use proxy_common::{SVC_FLAG_AFFINITY, SVC_FLAG_SOURCE_RANGES};
 
@@ -179,8 +180,16 @@ pub fn desired_state(
     claims: &Claims,
     node_ips: &[IpAddr],
 ) -> Vec<DesiredService> {
-    state
-        .services
+    desired_of(&state.services, claims, node_ips)
+}
+
+/// Every VIP of these services that its service owns.
+pub fn desired_of(
+    services: &[Arc<ServiceEndpoints>],
+    claims: &Claims,
+    node_ips: &[IpAddr],
+) -> Vec<DesiredService> {
+    services
         .iter()
         .flat_map(|se| desired_services(se, claims, node_ips))
         .collect()

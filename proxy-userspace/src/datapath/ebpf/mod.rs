@@ -22,6 +22,7 @@
 //! hook refuses connect()/sendmsg() at once with EPERM, the socket-level
 //! equivalent of kube-proxy's REJECT.
 
+pub mod backend_table;
 pub mod batch;
 pub mod cleanup;
 pub mod codec;
@@ -422,32 +423,13 @@ impl Datapath for EbpfDatapath {
         if self.relink {
             self.relink()?;
         }
-        let started = std::time::Instant::now();
-        let desired = desired::desired_state(next, claims, &self.node_ips);
-        tracing::debug!(
-            frontends = desired.len(),
-            ms = started.elapsed().as_secs_f64() * 1e3,
-            "eBPF desired state computed"
-        );
-        let wanted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
-        let mut stale: Vec<Vip> = self
-            .view
-            .services()
-            .map(|(vip, _)| *vip)
-            .filter(|vip| !wanted.contains(vip))
-            .collect();
-        stale.sort_unstable();
-        self.owned.clear();
-        let stats = self.apply_full(stale, &desired)?;
+        let (stats, wanted) = self.apply_full(next, claims)?;
         // Source ranges left by an earlier daemon for frontends that are
         // gone (their headers were not in the maps to remove).
         for vip in self.ext.vips_with_ranges() {
             if !wanted.contains(&vip) {
                 self.ext.trim_ranges(&vip, &[])?;
             }
-        }
-        for d in &desired {
-            self.own(d);
         }
         Ok(stats)
     }

@@ -20,6 +20,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use proxy_common::{ServiceValue, MAX_BACKENDS_PER_SERVICE};
 
+use super::backend_table::BackendTable;
 use super::codec::{BackendAddr, Header, Vip};
 use super::desired::DesiredService;
 
@@ -37,10 +38,8 @@ pub struct ProgrammedService {
 #[derive(Clone, Debug, Default)]
 pub struct Programmed {
     services: HashMap<Vip, ProgrammedService>,
-    backends: HashMap<u32, BackendAddr>,
-    backend_ids: HashMap<BackendAddr, u32>,
-    /// Number of slots per backend id (only ids with at least one).
-    refs: HashMap<u32, u32>,
+    /// Backends by id and by address, with the number of slots using each.
+    backends: BackendTable,
     /// Backends in the map with no slot: deleted by [`plan_gc`].
     unreferenced: BTreeSet<u32>,
     service_ids: HashSet<u32>,
@@ -114,11 +113,11 @@ impl Programmed {
     }
 
     pub fn backend(&self, id: u32) -> Option<BackendAddr> {
-        self.backends.get(&id).copied()
+        self.backends.get(id)
     }
 
     pub fn backends(&self) -> impl Iterator<Item = (u32, BackendAddr)> + '_ {
-        self.backends.iter().map(|(id, addr)| (*id, *addr))
+        self.backends.iter()
     }
 
     pub fn backend_count(&self) -> usize {
@@ -164,12 +163,7 @@ impl Programmed {
                 self.forget_if_empty(vip);
             }
             Op::DeleteBackend { id } => {
-                if let Some(addr) = self.backends.remove(id) {
-                    if self.backend_ids.get(&addr) == Some(id) {
-                        self.backend_ids.remove(&addr);
-                    }
-                }
-                self.refs.remove(id);
+                self.backends.delete(*id);
                 self.unreferenced.remove(id);
             }
             Op::PurgeAffinity { .. } => {}
@@ -177,13 +171,7 @@ impl Programmed {
     }
 
     fn put_backend(&mut self, id: u32, addr: BackendAddr) {
-        if let Some(old) = self.backends.insert(id, addr) {
-            if self.backend_ids.get(&old) == Some(&id) {
-                self.backend_ids.remove(&old);
-            }
-        }
-        self.backend_ids.insert(addr, id);
-        if !self.refs.contains_key(&id) {
+        if self.backends.insert(id, addr) {
             self.unreferenced.insert(id);
         }
         self.next_backend_id = self.next_backend_id.max(id.saturating_add(1));
@@ -218,20 +206,14 @@ impl Programmed {
             self.unref(old);
         }
         if backend_id != 0 {
-            *self.refs.entry(backend_id).or_insert(0) += 1;
+            self.backends.add_ref(backend_id);
             self.unreferenced.remove(&backend_id);
         }
     }
 
     fn unref(&mut self, id: u32) {
-        if let Some(n) = self.refs.get_mut(&id) {
-            *n -= 1;
-            if *n == 0 {
-                self.refs.remove(&id);
-                if self.backends.contains_key(&id) {
-                    self.unreferenced.insert(id);
-                }
-            }
+        if self.backends.drop_ref(id) {
+            self.unreferenced.insert(id);
         }
     }
 
@@ -290,7 +272,7 @@ impl IdAlloc<'_> {
 /// Ops that bring the given VIPs from what `view` holds to what `changes`
 /// asks, in a safe order. VIPs not mentioned are left alone.
 pub fn plan<'a>(view: &Programmed, changes: impl IntoIterator<Item = Change<'a>>) -> Plan {
-    let backend_used = |id: u32| view.backends.contains_key(&id);
+    let backend_used = |id: u32| view.backends.contains(id);
     let service_used = |id: u32| view.service_ids.contains(&id);
     let mut backend_alloc = IdAlloc {
         next: view.next_backend_id,
@@ -372,8 +354,12 @@ fn plan_upsert(
     let ops = &mut plan.ops;
     let mut want = Vec::with_capacity(d.backends.len());
     for b in &d.backends {
-        let id = match view.backend_ids.get(b).or_else(|| new_backends.get(b)) {
-            Some(&id) => id,
+        let id = match view
+            .backends
+            .id_of(b)
+            .or_else(|| new_backends.get(b).copied())
+        {
+            Some(id) => id,
             None => {
                 let id = backend_alloc.alloc();
                 new_backends.insert(*b, id);
@@ -493,7 +479,7 @@ pub fn peak(view: &Programmed, ops: &[Op]) -> Peak {
     let mut backends = view.backends.len();
     for op in ops {
         match op {
-            Op::PutBackend { id, .. } if !view.backends.contains_key(id) => backends += 1,
+            Op::PutBackend { id, .. } if !view.backends.contains(*id) => backends += 1,
             Op::PutSlot { vip, slot, .. } if slot_of(vip, *slot).is_none() => services += 1,
             Op::PutHeader { vip, .. } if !header(vip) => services += 1,
             Op::DeleteSlot { vip, slot } if slot_of(vip, *slot).is_some() => services -= 1,
@@ -510,34 +496,64 @@ pub fn peak(view: &Programmed, ops: &[Op]) -> Peak {
 
 /// An upper bound of [`peak`] over any sequence of plans that first
 /// removes `stale` and then writes `desired` (each VIP once, in any
-/// grouping), with backends collected only after the last: the maps as
-/// they are, or after the removals with each VIP at the larger of its old
-/// and new entry counts; every backend in the view stays while new ones
-/// are added.
+/// grouping), with backends collected only after the last.
 pub fn peak_bound(view: &Programmed, stale: &[Vip], desired: &[DesiredService]) -> Peak {
-    let entries = |vip: &Vip| {
-        view.services.get(vip).map_or(0, |s| {
+    let mut bound = PeakBound::new(view);
+    bound.upserts(desired);
+    bound.removals(stale);
+    bound.peak()
+}
+
+/// [`peak_bound`], fed the desired services a part at a time (a full sync
+/// computes them in chunks and never holds all of them): the maps as they
+/// are, or after the removals with each VIP at the larger of its old and
+/// new entry counts; every backend in the view stays while new ones are
+/// added.
+pub struct PeakBound<'v> {
+    view: &'v Programmed,
+    removed: usize,
+    grown: usize,
+    new_backends: HashSet<BackendAddr>,
+}
+
+impl<'v> PeakBound<'v> {
+    pub fn new(view: &'v Programmed) -> Self {
+        PeakBound {
+            view,
+            removed: 0,
+            grown: 0,
+            new_backends: HashSet::new(),
+        }
+    }
+
+    fn entries(&self, vip: &Vip) -> usize {
+        self.view.services.get(vip).map_or(0, |s| {
             usize::from(s.header.is_some()) + s.slots.iter().filter(|&&id| id != 0).count()
         })
-    };
-    let removed: usize = stale.iter().map(entries).sum();
-    let grown: usize = desired
-        .iter()
-        .map(|d| (1 + d.backends.len()).saturating_sub(entries(&d.vip)))
-        .sum();
-    let mut new: HashSet<&BackendAddr> = HashSet::new();
-    for d in desired {
-        new.extend(
-            d.backends
-                .iter()
-                .filter(|b| !view.backend_ids.contains_key(b)),
-        );
     }
-    Peak {
-        service_entries: view
-            .service_entries
-            .max(view.service_entries.saturating_sub(removed) + grown),
-        backends: view.backends.len() + new.len(),
+
+    pub fn upserts(&mut self, desired: &[DesiredService]) {
+        for d in desired {
+            self.grown += (1 + d.backends.len()).saturating_sub(self.entries(&d.vip));
+            let view = self.view;
+            self.new_backends.extend(
+                d.backends
+                    .iter()
+                    .filter(|b| view.backends.id_of(b).is_none()),
+            );
+        }
+    }
+
+    pub fn removals(&mut self, stale: &[Vip]) {
+        self.removed += stale.iter().map(|v| self.entries(v)).sum::<usize>();
+    }
+
+    pub fn peak(&self) -> Peak {
+        let now = self.view.service_entries;
+        Peak {
+            service_entries: now.max(now.saturating_sub(self.removed) + self.grown),
+            backends: self.view.backends.len() + self.new_backends.len(),
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! destruction.
 //!
 //! A full sync of a large cluster is written in chunks of
-//! [`FULL_SYNC_CHUNK`] VIPs, each planned and written on its own, so the
+//! [`SERVICES_PER_CHUNK`] services, each planned and written on its own, so the
 //! ops and batch buffers in memory at once are a chunk's, not the
 //! cluster's (at 50k services / 250k endpoints one plan is ~550k ops and
 //! ~40 MB). Every chunk writes whole services (the plan's ordering rules
@@ -13,15 +13,20 @@
 //! might not fit takes the single-plan path, whose exact check refuses it
 //! before its first write.
 
+use std::collections::HashSet;
+
 use super::codec::Vip;
-use super::desired::DesiredService;
+use super::desired;
 use super::plan::{self, Change, PlanProblem};
 use super::{maps, sockdestroy, EbpfDatapath, EbpfError};
 use crate::datapath::ApplyStats;
+use crate::model::claims::Claims;
+use crate::model::LocalState;
 
-/// VIPs planned and written together in a chunked full sync: a few MB of
-/// ops, and still long runs for the kernel's batch calls.
-pub(super) const FULL_SYNC_CHUNK: usize = 8_192;
+/// Services planned and written together in a chunked full sync: a few MB
+/// of desired services and ops, and still long runs for the kernel's batch
+/// calls.
+pub(super) const SERVICES_PER_CHUNK: usize = 8_192;
 
 /// What one plan wrote, and the first service it could not program.
 #[derive(Default)]
@@ -62,40 +67,69 @@ impl EbpfDatapath {
         written.into_result()
     }
 
-    /// A full sync: `stale` VIPs removed, then `desired` written, in
-    /// chunks when the whole sync is sure to fit the maps.
+    /// A full sync: every VIP `next` owns written, VIPs in the maps that
+    /// it does not have removed first. Returns the VIPs written.
+    ///
+    /// A first pass computes the desired services a chunk at a time to
+    /// learn which VIPs are wanted and a bound of the entries the sync can
+    /// reach; when that fits the maps, the second pass computes and writes
+    /// them again a chunk at a time, so neither all desired services nor
+    /// all ops are ever in memory together.
     pub(super) fn apply_full(
         &mut self,
-        stale: Vec<Vip>,
-        desired: &[DesiredService],
-    ) -> Result<ApplyStats, EbpfError> {
-        if desired.len() <= FULL_SYNC_CHUNK || !self.fits_in_chunks(&stale, desired) {
+        next: &LocalState,
+        claims: &Claims,
+    ) -> Result<(ApplyStats, HashSet<Vip>), EbpfError> {
+        let node_ips = self.node_ips.clone();
+        let chunks = || {
+            next.services
+                .chunks(SERVICES_PER_CHUNK)
+                .map(|part| desired::desired_of(part, claims, &node_ips))
+        };
+        let mut wanted = HashSet::new();
+        let mut bound = plan::PeakBound::new(&self.view);
+        for desired in chunks() {
+            wanted.extend(desired.iter().map(|d| d.vip));
+            bound.upserts(&desired);
+        }
+        let mut stale: Vec<Vip> = self
+            .view
+            .services()
+            .map(|(vip, _)| *vip)
+            .filter(|vip| !wanted.contains(vip))
+            .collect();
+        stale.sort_unstable();
+        bound.removals(&stale);
+        let peak = bound.peak();
+        drop(bound);
+        let c = self.maps.capacity;
+        let fits =
+            peak.service_entries <= c.services as usize && peak.backends <= c.backends as usize;
+        self.owned.clear();
+        if next.services.len() <= SERVICES_PER_CHUNK || !fits {
+            // One plan, whose exact check refuses what does not fit.
+            let desired = desired::desired_of(&next.services, claims, &node_ips);
             let changes = stale
                 .into_iter()
                 .map(Change::Remove)
                 .chain(desired.iter().map(Change::Upsert))
                 .collect();
-            return self.apply_changes(changes);
+            let stats = self.apply_changes(changes)?;
+            desired.iter().for_each(|d| self.own(d));
+            return Ok((stats, wanted));
         }
         // Decided once: after the first chunk the view is not empty any
         // more, but a first start still has no pairs to destroy.
         let list_pairs = self.lists_socket_pairs();
         let removals = stale.into_iter().map(Change::Remove).collect();
         let mut written = self.write_changes(removals, list_pairs)?;
-        for chunk in desired.chunks(FULL_SYNC_CHUNK) {
-            let upserts = chunk.iter().map(Change::Upsert).collect();
+        for desired in chunks() {
+            let upserts = desired.iter().map(Change::Upsert).collect();
             written.add(self.write_changes(upserts, list_pairs)?);
+            desired.iter().for_each(|d| self.own(d));
         }
         self.collect_backends()?;
-        written.into_result()
-    }
-
-    /// Whether the maps hold the largest number of entries a chunked sync
-    /// can reach; otherwise the single plan's exact check decides.
-    fn fits_in_chunks(&self, stale: &[Vip], desired: &[DesiredService]) -> bool {
-        let bound = plan::peak_bound(&self.view, stale, desired);
-        let c = self.maps.capacity;
-        bound.service_entries <= c.services as usize && bound.backends <= c.backends as usize
+        Ok((written.into_result()?, wanted))
     }
 
     /// Socket destruction needs the (VIP, backend) pairs a plan removes

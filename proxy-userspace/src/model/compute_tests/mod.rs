@@ -262,9 +262,12 @@ fn state(services: &[Service], slices: &[EndpointSlice], nodes: &[Node]) -> Clus
     ClusterState {
         services: services
             .iter()
-            .map(|s| (s.key.clone(), s.clone()))
+            .map(|s| (s.key.clone(), Box::new(s.clone())))
             .collect(),
-        endpoint_slices: slices.iter().map(|s| (s.key.clone(), s.clone())).collect(),
+        endpoint_slices: slices
+            .iter()
+            .map(|s| (s.key.clone(), Box::new(s.clone())))
+            .collect(),
         nodes: nodes.iter().map(|n| (n.name.clone(), n.clone())).collect(),
         pods: BTreeMap::new(),
     }
