@@ -455,7 +455,7 @@ mod tests {
     fn pod(ns: &str, name: &str, ready: bool) -> Pod {
         Pod {
             key: ObjectKey::new(ns, name),
-            uid: format!("uid-{ns}-{name}").into(),
+            uid: format!("uid-{ns}-{name}"),
             node_name: Some("n1".to_owned()),
             static_pod: false,
             conditions: vec![PodCondition {
