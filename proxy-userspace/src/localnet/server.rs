@@ -4,6 +4,13 @@
 //! [`Frame`] shared by all clients. `Next` long-polls on the frame
 //! channel; `Watch` streams one complete frame per revision, or after the
 //! first only the changes to clients that ask for deltas.
+//!
+//! Frames are made only while someone reads them: a call that waits for a
+//! frame or watches registers its [`Interest`], the first one has the
+//! current state encoded (one full conversion), and once no call has been
+//! open for [`IDLE_FRAMES_KEPT`] the encoded state is dropped (at 50k
+//! services / 250k endpoints it is ~15 MB the node does not otherwise
+//! need).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -61,11 +68,51 @@ pub fn new_instance_id() -> u64 {
     }
 }
 
+/// How long encoded frames are kept after the last call that read them
+/// ended: a client polling with `Next` reconnects well within it.
+const IDLE_FRAMES_KEPT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The calls that wait for or read frames.
+#[derive(Default)]
+struct Demand {
+    calls: std::sync::atomic::AtomicUsize,
+    changed: tokio::sync::Notify,
+}
+
+/// One call's interest in frames, for as long as it lives.
+struct Interest(Arc<Demand>);
+
+impl Interest {
+    fn new(demand: &Arc<Demand>) -> Self {
+        demand
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        demand.changed.notify_one();
+        Interest(demand.clone())
+    }
+}
+
+impl Drop for Interest {
+    fn drop(&mut self) {
+        self.0
+            .calls
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.changed.notify_one();
+    }
+}
+
+impl Demand {
+    fn wanted(&self) -> bool {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+}
+
 /// The gRPC service: shared by the TCP and unix listeners.
 #[derive(Clone)]
 pub struct LocalnetService {
     instance_id: u64,
     frames: watch::Receiver<Arc<Frame>>,
+    demand: Arc<Demand>,
     shutdown: CancellationToken,
     metrics: Option<LocalnetMetrics>,
     discovery: Discovery,
@@ -74,10 +121,10 @@ pub struct LocalnetService {
 }
 
 impl LocalnetService {
-    /// Starts converting snapshots into frames (a task that ends with the
-    /// snapshot channel or `shutdown`, and is aborted when the last clone
-    /// of the service goes). gRPC health turns `SERVING` with the first
-    /// frame.
+    /// Starts converting snapshots into frames while calls want them (a
+    /// task that ends with the snapshot channel or `shutdown`, and is
+    /// aborted when the last clone of the service goes). gRPC health turns
+    /// `SERVING` with the first synced state.
     pub async fn new(
         instance_id: u64,
         snapshots: SnapshotReceiver,
@@ -86,32 +133,19 @@ impl LocalnetService {
         let (frame_tx, frames) = watch::channel(Arc::new(Frame::default()));
         let discovery = Discovery::new(SERVICE_NAME).await;
         let health = discovery.clone();
-        let mut follower = Follower::new(snapshots, shutdown.clone());
-        let converter = tokio::spawn(async move {
-            let mut previous: Option<Arc<Frame>> = None;
-            while let Some(snapshot) = follower.next().await {
-                if !snapshot.is_synced() {
-                    continue;
-                }
-                // Conversion is CPU work proportional to what changed.
-                let held = previous.take();
-                let convert = move || Frame::from_snapshot(&snapshot, held.as_deref());
-                match tokio::task::spawn_blocking(convert).await {
-                    Ok(f) => {
-                        let f = Arc::new(f);
-                        previous = Some(f.clone());
-                        frame_tx.send_replace(f);
-                        health.serving().await;
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "converting the state for localnet failed")
-                    }
-                }
-            }
-        });
+        let follower = Follower::new(snapshots, shutdown.clone());
+        let demand = Arc::new(Demand::default());
+        let converter = tokio::spawn(convert(
+            follower,
+            demand.clone(),
+            frame_tx,
+            health,
+            IDLE_FRAMES_KEPT,
+        ));
         Self {
             instance_id,
             frames,
+            demand,
             shutdown,
             metrics: None,
             discovery,
@@ -146,6 +180,7 @@ impl LocalnetService {
 
     /// Waits for a synced frame other than the one the client holds.
     async fn wait_for_frame(&self, instance_id: u64, rev: u64) -> Result<Arc<Frame>, Status> {
+        let _interest = Interest::new(&self.demand);
         let mut frames = self.frames.clone();
         let holds_current = |f: &Frame| instance_id == self.instance_id && rev == f.rev;
         tokio::select! {
@@ -229,6 +264,7 @@ impl Endpoints for LocalnetService {
         let held = Some(self.frames.borrow().clone())
             .filter(|f| deltas && instance_id == self.instance_id && f.rev == rev && rev >= 1);
         let call = WatchCall {
+            _interest: Interest::new(&self.demand),
             api: self.clone(),
             frames: self.frames.clone(),
             client: Some((instance_id, rev)),
@@ -258,9 +294,76 @@ impl Endpoints for LocalnetService {
 
 type FrameItems = Box<dyn Iterator<Item = Result<Encoded, Status>> + Send>;
 
+/// The converter: the newest synced snapshot becomes the current frame
+/// whenever a call wants frames (reusing the previous frame's bytes for
+/// every service it shares), and the frames go once no call wanted them
+/// for `keep` ([`IDLE_FRAMES_KEPT`]).
+async fn convert(
+    mut follower: Follower<crate::snapshot::Snapshot>,
+    demand: Arc<Demand>,
+    frame_tx: watch::Sender<Arc<Frame>>,
+    health: Discovery,
+    keep: std::time::Duration,
+) {
+    let mut latest: Option<Arc<crate::snapshot::Snapshot>> = None;
+    let mut previous: Option<Arc<Frame>> = None;
+    let mut idle_since: Option<tokio::time::Instant> = None;
+    loop {
+        // Armed only while there are frames to drop.
+        let drop_at = idle_since.filter(|_| previous.is_some()).map(|t| t + keep);
+        tokio::select! {
+            next = follower.next() => match next {
+                None => return,
+                Some(s) if s.is_synced() => {
+                    if latest.is_none() {
+                        health.serving().await;
+                    }
+                    latest = Some(s);
+                }
+                Some(_) => continue,
+            },
+            () = demand.changed.notified() => {}
+            () = async {
+                match drop_at {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
+        }
+        if !demand.wanted() {
+            let now = tokio::time::Instant::now();
+            let since = *idle_since.get_or_insert(now);
+            if previous.is_some() && now >= since + keep {
+                previous = None;
+                frame_tx.send_replace(Arc::new(Frame::default()));
+            }
+            continue;
+        }
+        idle_since = None;
+        let Some(snapshot) = latest.clone() else {
+            continue;
+        };
+        if previous.as_ref().is_some_and(|p| p.rev == snapshot.rev) {
+            continue;
+        }
+        // Conversion is CPU work proportional to what changed.
+        let held = previous.take();
+        let convert = move || Frame::from_snapshot(&snapshot, held.as_deref());
+        match tokio::task::spawn_blocking(convert).await {
+            Ok(f) => {
+                let f = Arc::new(f);
+                previous = Some(f.clone());
+                frame_tx.send_replace(f);
+            }
+            Err(e) => tracing::error!(error = %e, "converting the state for localnet failed"),
+        }
+    }
+}
+
 /// One `Watch` call: what the client holds, and how the call ended (a
 /// dropped stream, the client gone, counts as CANCELLED).
 struct WatchCall {
+    _interest: Interest,
     api: LocalnetService,
     frames: watch::Receiver<Arc<Frame>>,
     /// The (instance id, rev) the client said it holds, until the first
@@ -438,5 +541,66 @@ impl Listeners {
             remove_socket(&path);
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::model::testing;
+    use crate::snapshot::{snapshot_channel, Snapshot};
+
+    fn snapshot(rev: u64) -> Arc<Snapshot> {
+        let svc = testing::service("default", "web", &["10.96.0.10"]);
+        Arc::new(Snapshot {
+            rev,
+            state: Arc::new(testing::state(vec![svc])),
+            changed: None,
+        })
+    }
+
+    async fn frame_at(frames: &mut watch::Receiver<Arc<Frame>>, rev: u64) -> Arc<Frame> {
+        tokio::time::timeout(Duration::from_secs(5), frames.wait_for(|f| f.rev == rev))
+            .await
+            .unwrap_or_else(|_| panic!("no frame of revision {rev}"))
+            .expect("converter gone")
+            .clone()
+    }
+
+    /// Nothing is encoded until a call wants frames; while one does, every
+    /// revision is; once none has for the keep time, the encoded state
+    /// goes, and the next call has it made again.
+    #[tokio::test]
+    async fn frames_are_made_while_calls_want_them_and_dropped_when_idle() {
+        let (snapshots, rx) = snapshot_channel();
+        let shutdown = CancellationToken::new();
+        let demand = Arc::new(Demand::default());
+        let (frame_tx, mut frames) = watch::channel(Arc::new(Frame::default()));
+        let health = Discovery::new(SERVICE_NAME).await;
+        let keep = Duration::from_millis(300);
+        let follower = Follower::new(rx, shutdown.clone());
+        let task = tokio::spawn(convert(follower, demand.clone(), frame_tx, health, keep));
+
+        snapshots.send_replace(snapshot(1));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(frames.borrow().rev, 0, "no call: nothing encoded");
+
+        let interest = Interest::new(&demand);
+        assert_eq!(frame_at(&mut frames, 1).await.services.len(), 1);
+        snapshots.send_replace(snapshot(2));
+        frame_at(&mut frames, 2).await;
+
+        drop(interest);
+        tokio::time::sleep(keep / 3).await;
+        assert_eq!(frames.borrow().rev, 2, "kept for a while after the call");
+        let dropped = frame_at(&mut frames, 0).await;
+        assert!(dropped.services.is_empty());
+
+        let _again = Interest::new(&demand);
+        assert_eq!(frame_at(&mut frames, 2).await.services.len(), 1);
+        shutdown.cancel();
+        task.await.expect("converter ends with the shutdown");
     }
 }
