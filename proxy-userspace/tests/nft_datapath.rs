@@ -417,22 +417,16 @@ fn udp_conntrack_entries_of_gone_endpoints_are_deleted() {
 /// `services` services `ns/svc-<i>` (10.96.x.y:80), each with five
 /// endpoints; service 7 has `svc7` of them.
 fn many(services: usize, svc7: usize) -> LocalState {
-    LocalState {
-        services: (0..services)
-            .map(|i| {
-                let n = if i == 7 { svc7 } else { 5 };
-                let vip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
-                let mut se = testing::service("ns", &format!("svc-{i}"), &[&vip]).with_endpoints(
-                    (0..n).map(|j| {
-                        endpoint(&format!("10.{}.{}.{}", 100 + i / 250, i % 250, j + 1), true)
-                    }),
-                );
-                se.service.uid = String::new();
-                se
-            })
-            .map(Into::into)
-            .collect(),
-    }
+    // Sorted by key, as every state is (the datapath looks services up).
+    LocalState::new((0..services).map(|i| {
+        let n = if i == 7 { svc7 } else { 5 };
+        let vip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+        let mut se = testing::service("ns", &format!("svc-{i}"), &[&vip]).with_endpoints(
+            (0..n).map(|j| endpoint(&format!("10.{}.{}.{}", 100 + i / 250, i % 250, j + 1), true)),
+        );
+        se.service.uid = String::new();
+        se
+    }))
 }
 
 /// The elements of map `name` in the IPv4 table, as `nft -j` prints
@@ -455,7 +449,11 @@ fn json_elements(name: &str) -> Vec<(serde_json::Value, serde_json::Value)> {
 /// `dp` programs service 7's change from `prev` to `next` (a partial
 /// sync).
 fn change_svc7(dp: &mut NftDatapath, prev: &LocalState, next: &LocalState) {
-    let svc7 = &next.services[7];
+    let svc7 = next
+        .services
+        .iter()
+        .find(|s| s.service.key.name == "svc-7")
+        .expect("service 7");
     let changed = [ServiceChange {
         key: &svc7.service.key,
         next: Some(svc7),
@@ -631,7 +629,10 @@ fn a_new_endpoint_count_gets_its_pick_rules_in_the_same_transaction() {
         );
         assert!(listing().contains("numgen random mod 8"));
         assert_eq!(endpoints_of_svc7().len(), 8);
-        assert_eq!(nft::drift::verify(&dp).unwrap(), vec![]);
+        assert_eq!(
+            nft::drift::verify(&dp, &eight, &Claims::of(&eight)).unwrap(),
+            vec![]
+        );
         nft::cleanup().unwrap();
     });
 }

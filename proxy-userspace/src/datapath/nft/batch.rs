@@ -107,6 +107,10 @@ pub const NFT_JUMP: i32 = -3;
 pub const NFT_GOTO: i32 = -4;
 pub const NFT_RETURN: i32 = -5;
 
+/// Elements per message: a message must stay well under the 64 KiB an
+/// attribute length can describe, so big element lists go in chunks.
+pub const ELEMENTS_PER_MESSAGE: usize = 512;
+
 /// A set or map element: its key bytes and, in a verdict map, a
 /// verdict; in a data map, its value bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -354,9 +358,7 @@ impl Batch {
         elems: &[Element],
         what: String,
     ) {
-        // A message must stay well under the 64 KiB an attribute length
-        // can describe: big element lists go in chunks.
-        for chunk in elems.chunks(512) {
+        for chunk in elems.chunks(ELEMENTS_PER_MESSAGE) {
             let mut a = Attrs::default();
             a.str(1, table).str(2, set);
             a.nest(3, |list| {
