@@ -170,8 +170,8 @@ pub fn expected(
             }
         }
     }
-    for ip in dp.hairpin_refs.keys().filter(|ip| Family::of(ip) == f) {
-        let key = key_bytes(&[KeyPart::Addr(*ip), KeyPart::Addr(*ip)]);
+    for ip in dp.hairpin_refs.addrs(f) {
+        let key = key_bytes(&[KeyPart::Addr(ip), KeyPart::Addr(ip)]);
         digests
             .entry(rules::HAIRPIN)
             .or_default()

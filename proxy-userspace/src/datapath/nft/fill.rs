@@ -12,10 +12,10 @@
 //! transaction commits, so the order inside it is only about references.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::net::IpAddr;
 
 use super::batch::{self, Batch, Element, ELEMENTS_PER_MESSAGE};
 use super::expr::{key_text, KeyPart};
+use super::hairpin::HairpinRefs;
 use super::rules::{self, ElementValue, Family, TABLE};
 use super::{add_rules, element, hairpin_element, has_table, NftDatapath, NftError};
 use crate::model::claims::Claims;
@@ -137,7 +137,7 @@ impl NftDatapath {
         }
 
         let mut pending = PendingElements::new(fam);
-        let mut hairpin: HashMap<IpAddr, u32> = HashMap::new();
+        let mut hairpin = HairpinRefs::default();
         let mut counts_in_use = BTreeSet::new();
         let mut map_counts: BTreeMap<&'static str, usize> = BTreeMap::new();
         for se in &next.services {
@@ -165,7 +165,7 @@ impl NftDatapath {
                 *map_counts.entry(map).or_default() += 1;
             }
             for ip in &objs.hairpin {
-                *hairpin.entry(*ip).or_default() += 1;
+                hairpin.add(*ip);
             }
             counts_in_use.extend(objs.counts.iter().copied());
         }
@@ -176,8 +176,8 @@ impl NftDatapath {
         }
         let hairpin_what = |n: usize| format!("element {} ({n} addresses)", rules::HAIRPIN);
         let mut hp = Vec::new();
-        for ip in hairpin.keys() {
-            hp.push(hairpin_element(*ip));
+        for ip in hairpin.addrs(f) {
+            hp.push(hairpin_element(ip));
             if hp.len() >= ELEMENTS_PER_MESSAGE {
                 b.add_elements(fam, TABLE, rules::HAIRPIN, &hp, hairpin_what(hp.len()));
                 hp.clear();
@@ -199,8 +199,7 @@ impl NftDatapath {
         self.map_counts.retain(|(fam, _), _| *fam != f);
         self.map_counts
             .extend(map_counts.into_iter().map(|(map, n)| ((f, map), n)));
-        self.hairpin_refs.retain(|ip, _| Family::of(ip) != f);
-        self.hairpin_refs.extend(hairpin);
+        self.hairpin_refs.replace(f, hairpin);
         Ok(())
     }
 }

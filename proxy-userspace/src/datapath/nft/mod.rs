@@ -34,6 +34,7 @@ pub mod drift;
 mod dump;
 pub mod expr;
 mod fill;
+mod hairpin;
 pub mod nlsock;
 pub mod rules;
 
@@ -78,12 +79,12 @@ impl From<NftError> for DatapathError {
 /// Sends `batch` as one transaction of family `f`.
 pub fn commit(f: Family, batch: Batch) -> Result<(), NftError> {
     let started = Instant::now();
-    let messages = batch.len();
+    let (messages, bytes) = (batch.len(), batch.bytes());
     batch.commit().map_err(|e| NftError::Rejected {
         family: f.nft(),
         reason: e.to_string(),
     })?;
-    tracing::debug!(family = f.nft(), messages, elapsed = ?started.elapsed(), "nftables transaction committed");
+    tracing::debug!(family = f.nft(), messages, bytes, elapsed = ?started.elapsed(), "nftables transaction committed");
     Ok(())
 }
 
@@ -216,7 +217,7 @@ pub struct NftDatapath {
     map_counts: HashMap<(Family, &'static str), usize>,
     /// How many services DNAT to an address (its `hairpin` element lives
     /// while this is above 0).
-    hairpin_refs: HashMap<IpAddr, u32>,
+    hairpin_refs: hairpin::HairpinRefs,
     /// `--nodeport-addresses` (empty: every local address).
     nodeport_addresses: Vec<Cidr>,
     /// The endpoint counts the pick chains have rules for, per family.
@@ -249,7 +250,7 @@ impl NftDatapath {
             masquerade_all: false,
             unowned: HashMap::new(),
             map_counts: HashMap::new(),
-            hairpin_refs: HashMap::new(),
+            hairpin_refs: hairpin::HairpinRefs::default(),
             note: "proxy-mode nftables".to_owned(),
             nodeport_addresses: Vec::new(),
             pick_counts: HashMap::new(),
@@ -279,9 +280,9 @@ impl NftDatapath {
 
     /// Sends `b`, keeping what it did.
     fn send(&mut self, f: Family, b: Batch) -> Result<(), NftError> {
-        let kept = b.descriptions().iter().take(LAST_TRANSACTION_KEPT);
+        let kept = b.descriptions().take(LAST_TRANSACTION_KEPT);
         self.last_transaction
-            .insert(f, (b.len(), kept.cloned().collect()));
+            .insert(f, (b.len(), kept.map(str::to_owned).collect()));
         commit(f, b)
     }
 
@@ -464,7 +465,7 @@ impl NftDatapath {
         let mut counts = Vec::new();
         let (mut gone, mut new_hp) = (Vec::new(), Vec::new());
         for (ip, delta) in hairpin_delta {
-            let before = self.hairpin_refs.get(&ip).copied().unwrap_or(0);
+            let before = self.hairpin_refs.get(&ip);
             let after = before.saturating_add_signed(delta);
             if before > 0 && after == 0 {
                 gone.push(hairpin_element(ip));
@@ -533,11 +534,7 @@ impl NftDatapath {
             self.pick_counts.insert(f, c);
         }
         for (ip, n) in counts {
-            if n == 0 {
-                self.hairpin_refs.remove(&ip);
-            } else {
-                self.hairpin_refs.insert(ip, n);
-            }
+            self.hairpin_refs.set(ip, n);
         }
         for (map, delta) in map_delta {
             let n = self.map_counts.entry((f, map)).or_default();
