@@ -10,6 +10,12 @@
 //! for being there. The elements of affinity sets are the kernel's own
 //! (the rules add them), so only the sets themselves are compared.
 //!
+//! What was programmed is built again from the state last applied, one
+//! service at a time; no copy of the table is kept between checks. Map
+//! elements are compared as a [`Digest`] per map first, and listed on
+//! both sides only for the maps whose digests differ: a clean check at
+//! 50,000 services holds neither side's 600,000 elements.
+//!
 //! [`compare`] is pure; [`read`] does the netlink dumps.
 
 use std::collections::{BTreeSet, HashMap};
