@@ -636,3 +636,46 @@ fn a_new_endpoint_count_gets_its_pick_rules_in_the_same_transaction() {
         nft::cleanup().unwrap();
     });
 }
+
+/// Two services claim 10.96.0.10:80; the older (`default/a`) owns it.
+/// The loser's endpoint change must not touch the owner's element (what
+/// the loser had is rebuilt without the address it did not own), and
+/// when the owner goes, the loser takes the address over; the table
+/// reads as programmed (no drift) after each step.
+#[test]
+fn a_loser_of_a_contested_address_changes_without_touching_the_owner() {
+    in_private_netns(|| {
+        let svc = |name: &str, eps: &[&str]| {
+            let mut se = testing::service("default", name, &["10.96.0.10"])
+                .with_endpoints(eps.iter().map(|ip| endpoint(ip, true)));
+            se.service.uid = String::new();
+            se
+        };
+        let both = LocalState::new([
+            svc("a", &["10.244.1.11"]),
+            svc("b", &["10.244.2.11", "10.244.2.12"]),
+        ]);
+        let b_changed = LocalState::new([svc("a", &["10.244.1.11"]), svc("b", &["10.244.2.11"])]);
+        let b_alone = LocalState::new([svc("b", &["10.244.2.11"])]);
+        let target = || {
+            json_elements(rules::SERVICE_IPS)
+                .into_iter()
+                .map(|(_, v)| v.to_string())
+                .collect::<Vec<_>>()
+        };
+        let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).unwrap()));
+        for (state, full, owner) in [
+            (&both, true, "svc-default/a/tcp/http"),
+            (&b_changed, false, "svc-default/a/tcp/http"),
+            (&b_alone, false, "svc-default/b/tcp/http"),
+        ] {
+            let applied = dp.apply(&Arc::new(state.clone())).unwrap();
+            assert_eq!(applied.full, full);
+            let targets = target();
+            assert_eq!(targets.len(), 1, "{targets:?}");
+            assert!(targets[0].contains(owner), "{targets:?}");
+            assert_eq!(dp.verify().unwrap(), vec![]);
+        }
+        nft::cleanup().unwrap();
+    });
+}
