@@ -168,7 +168,7 @@ impl Applier {
     /// [`Datapath::verify`]); any difference makes the next apply a full
     /// one.
     pub fn verify(&mut self) -> Result<Vec<Drift>, DatapathError> {
-        let drifts = self.datapath.verify()?;
+        let drifts = self.datapath.verify(&self.programmed, &self.claims)?;
         if !drifts.is_empty() {
             self.full_next = true;
         }
@@ -506,7 +506,7 @@ mod tests {
             self.calls.lock().unwrap().push("program_changes");
             Ok(ApplyStats::default())
         }
-        fn verify(&mut self) -> Result<Vec<Drift>, DatapathError> {
+        fn verify(&mut self, _: &LocalState, _: &Claims) -> Result<Vec<Drift>, DatapathError> {
             self.calls.lock().unwrap().push("verify");
             if self.drifts == 0 {
                 return Ok(Vec::new());

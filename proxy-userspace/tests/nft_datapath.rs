@@ -419,22 +419,16 @@ fn udp_conntrack_entries_of_gone_endpoints_are_deleted() {
 /// `services` services `ns/svc-<i>` (10.96.x.y:80), each with five
 /// endpoints; service 7 has `svc7` of them.
 fn many(services: usize, svc7: usize) -> LocalState {
-    LocalState {
-        services: (0..services)
-            .map(|i| {
-                let n = if i == 7 { svc7 } else { 5 };
-                let vip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
-                let mut se = testing::service("ns", &format!("svc-{i}"), &[&vip]).with_endpoints(
-                    (0..n).map(|j| {
-                        endpoint(&format!("10.{}.{}.{}", 100 + i / 250, i % 250, j + 1), true)
-                    }),
-                );
-                se.service.uid = Default::default();
-                se
-            })
-            .map(Into::into)
-            .collect(),
-    }
+    // Sorted by key, as every state is (the datapath looks services up).
+    LocalState::new((0..services).map(|i| {
+        let n = if i == 7 { svc7 } else { 5 };
+        let vip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+        let mut se = testing::service("ns", &format!("svc-{i}"), &[&vip]).with_endpoints(
+            (0..n).map(|j| endpoint(&format!("10.{}.{}.{}", 100 + i / 250, i % 250, j + 1), true)),
+        );
+        se.service.uid = Default::default();
+        se
+    }))
 }
 
 /// The elements of map `name` in the IPv4 table, as `nft -j` prints
@@ -457,7 +451,11 @@ fn json_elements(name: &str) -> Vec<(serde_json::Value, serde_json::Value)> {
 /// `dp` programs service 7's change from `prev` to `next` (a partial
 /// sync).
 fn change_svc7(dp: &mut NftDatapath, prev: &LocalState, next: &LocalState) {
-    let svc7 = &next.services[7];
+    let svc7 = next
+        .services
+        .iter()
+        .find(|s| s.service.key.name == "svc-7")
+        .expect("service 7");
     let changed = [ServiceChange {
         key: &svc7.service.key,
         next: Some(svc7),
@@ -633,7 +631,53 @@ fn a_new_endpoint_count_gets_its_pick_rules_in_the_same_transaction() {
         );
         assert!(listing().contains("numgen random mod 8"));
         assert_eq!(endpoints_of_svc7().len(), 8);
-        assert_eq!(nft::drift::verify(&dp).unwrap(), vec![]);
+        assert_eq!(
+            nft::drift::verify(&dp, &eight, &Claims::of(&eight)).unwrap(),
+            vec![]
+        );
+        nft::cleanup().unwrap();
+    });
+}
+
+/// Two services claim 10.96.0.10:80; the older (`default/a`) owns it.
+/// The loser's endpoint change must not touch the owner's element (what
+/// the loser had is rebuilt without the address it did not own), and
+/// when the owner goes, the loser takes the address over; the table
+/// reads as programmed (no drift) after each step.
+#[test]
+fn a_loser_of_a_contested_address_changes_without_touching_the_owner() {
+    in_private_netns(|| {
+        let svc = |name: &str, eps: &[&str]| {
+            let mut se = testing::service("default", name, &["10.96.0.10"])
+                .with_endpoints(eps.iter().map(|ip| endpoint(ip, true)));
+            se.service.uid = Default::default();
+            se
+        };
+        let both = LocalState::new([
+            svc("a", &["10.244.1.11"]),
+            svc("b", &["10.244.2.11", "10.244.2.12"]),
+        ]);
+        let b_changed = LocalState::new([svc("a", &["10.244.1.11"]), svc("b", &["10.244.2.11"])]);
+        let b_alone = LocalState::new([svc("b", &["10.244.2.11"])]);
+        let target = || {
+            json_elements(rules::SERVICE_IPS)
+                .into_iter()
+                .map(|(_, v)| v.to_string())
+                .collect::<Vec<_>>()
+        };
+        let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).unwrap()));
+        for (state, full, owner) in [
+            (&both, true, "svc-default/a/tcp/http"),
+            (&b_changed, false, "svc-default/a/tcp/http"),
+            (&b_alone, false, "svc-default/b/tcp/http"),
+        ] {
+            let applied = dp.apply(&Arc::new(state.clone())).unwrap();
+            assert_eq!(applied.full, full);
+            let targets = target();
+            assert_eq!(targets.len(), 1, "{targets:?}");
+            assert!(targets[0].contains(owner), "{targets:?}");
+            assert_eq!(dp.verify().unwrap(), vec![]);
+        }
         nft::cleanup().unwrap();
     });
 }

@@ -94,13 +94,18 @@ pub trait Datapath: Send {
         claims: &Claims,
     ) -> Result<ApplyStats, DatapathError>;
     /// Reads back what the kernel holds and compares it with what this
-    /// datapath last programmed: every difference, in a stable order
+    /// datapath last programmed (`programmed` with `claims`, from the
+    /// last successful apply): every difference, in a stable order
     /// (`Ok(vec![])`: none). The coordinator calls it on the
     /// `--sync-period` timer and on SIGHUP, only after a successful apply,
     /// and answers any difference with [`Datapath::program_all`]: that
     /// full sync must repair what was found (so it must not trust a record
     /// of its own that the kernel contradicts).
-    fn verify(&mut self) -> Result<Vec<Drift>, DatapathError> {
+    fn verify(
+        &mut self,
+        _programmed: &LocalState,
+        _claims: &Claims,
+    ) -> Result<Vec<Drift>, DatapathError> {
         Ok(Vec::new())
     }
     /// The node's addresses or interfaces changed (rtnetlink): follow

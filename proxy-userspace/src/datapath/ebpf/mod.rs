@@ -378,7 +378,7 @@ impl Datapath for EbpfDatapath {
         }])
     }
 
-    fn verify(&mut self) -> Result<Vec<Drift>, DatapathError> {
+    fn verify(&mut self, _: &LocalState, _: &Claims) -> Result<Vec<Drift>, DatapathError> {
         let mut out = drift::missing_links(&self.root);
         out.extend(
             external::missing_pins(&self.root, &self.ifaces)

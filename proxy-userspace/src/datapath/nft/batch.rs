@@ -107,6 +107,10 @@ pub const NFT_JUMP: i32 = -3;
 pub const NFT_GOTO: i32 = -4;
 pub const NFT_RETURN: i32 = -5;
 
+/// Elements per message: a message must stay well under the 64 KiB an
+/// attribute length can describe, so big element lists go in chunks.
+pub const ELEMENTS_PER_MESSAGE: usize = 512;
+
 /// A set or map element: its key bytes and, in a verdict map, a
 /// verdict; in a data map, its value bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -136,8 +140,34 @@ pub struct Batch {
     buf: Vec<u8>,
     seq: u32,
     first_seq: u32,
-    descriptions: Vec<String>,
+    descriptions: Descriptions,
     set_id: u32,
+}
+
+/// One line per message, all in one buffer: a `String` each costs more
+/// than its text at 100,000 messages.
+#[derive(Default)]
+struct Descriptions {
+    text: String,
+    /// Where each line ends in `text`.
+    ends: Vec<usize>,
+}
+
+impl Descriptions {
+    fn push(&mut self, line: &str) {
+        self.text.push_str(line);
+        self.ends.push(self.text.len());
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn get(&self, i: usize) -> Option<&str> {
+        let end = *self.ends.get(i)?;
+        let start = i.checked_sub(1).map_or(0, |p| self.ends[p]);
+        self.text.get(start..end)
+    }
 }
 
 impl Default for Batch {
@@ -156,7 +186,7 @@ impl Batch {
             buf: Vec::new(),
             seq: first_seq,
             first_seq,
-            descriptions: Vec::new(),
+            descriptions: Descriptions::default(),
             set_id: 1,
         };
         b.header(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, &[], "batch begin");
@@ -168,14 +198,19 @@ impl Batch {
         self.descriptions.len() - 1
     }
 
+    /// The size of the batch's messages in bytes.
+    pub fn bytes(&self) -> usize {
+        self.buf.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// What each command does (`add rule …`, `delete element …`), begin
     /// and end left out.
-    pub fn descriptions(&self) -> &[String] {
-        &self.descriptions[1..]
+    pub fn descriptions(&self) -> impl Iterator<Item = &str> {
+        (1..=self.len()).filter_map(|i| self.descriptions.get(i))
     }
 
     fn header(&mut self, kind: u16, flags: u16, family: u8, attrs: &[u8], what: &str) {
@@ -186,7 +221,7 @@ impl Batch {
         };
         push_message(&mut self.buf, kind, flags, self.seq, family, res_id, attrs);
         self.seq = self.seq.wrapping_add(1);
-        self.descriptions.push(what.to_owned());
+        self.descriptions.push(what);
     }
 
     fn msg(&mut self, kind: u16, flags: u16, family: u8, attrs: Attrs, what: String) {
@@ -354,9 +389,7 @@ impl Batch {
         elems: &[Element],
         what: String,
     ) {
-        // A message must stay well under the 64 KiB an attribute length
-        // can describe: big element lists go in chunks.
-        for chunk in elems.chunks(512) {
+        for chunk in elems.chunks(ELEMENTS_PER_MESSAGE) {
             let mut a = Attrs::default();
             a.str(1, table).str(2, set);
             a.nest(3, |list| {
@@ -421,8 +454,7 @@ impl Batch {
             let what = self
                 .descriptions
                 .get(idx)
-                .cloned()
-                .unwrap_or_else(|| format!("message {seq}"));
+                .map_or_else(|| format!("message {seq}"), str::to_owned);
             let mut reason = io::Error::from_raw_os_error(errno).to_string();
             if !ext.is_empty() {
                 reason.push_str(&format!(" ({ext})"));
@@ -563,6 +595,6 @@ mod tests {
         let msgs = messages(&b.buf);
         let flags: Vec<u16> = msgs.iter().map(|m| m.1 & NLM_F_ACK).collect();
         assert_eq!(flags, [0, 0, NLM_F_ACK, 0]);
-        assert_eq!(b.descriptions[2], "add table u");
+        assert_eq!(b.descriptions.get(2), Some("add table u"));
     }
 }

@@ -10,16 +10,21 @@
 //!
 //! * The first apply (and the one after a failed transaction) refills
 //!   each family's table in one transaction: rules flushed, maps flushed,
-//!   leftovers deleted, everything re-added. Conntrack entries are not
-//!   touched, so established connections keep their NAT, and affinity
-//!   sets that still apply keep their entries across a restart.
+//!   leftovers deleted, everything re-added, built service by service
+//!   (`fill.rs`). Conntrack entries are not touched, so established
+//!   connections keep their NAT, and affinity sets that still apply keep
+//!   their entries across a restart.
 //! * Later applies build one transaction per family holding only the
 //!   services that changed: their map elements, their chains whose rules
 //!   changed (rewritten whole) and the removal of chains and sets no
 //!   longer referenced. An endpoint change of a service without affinity
 //!   is elements only (its frontends' counts and endpoints, see [`rules`]),
 //!   unless its new endpoint count has no pick rules yet: then the pick
-//!   chains are rewritten in the same transaction.
+//!   chains are rewritten in the same transaction. What a changed service
+//!   had is built again from the state last programmed (its services are
+//!   shared, not copied): no per-service objects are kept between syncs
+//!   (about 220 MiB at 50,000 services), only the endpoint addresses'
+//!   hairpin counts and the few frontends a service lost to another.
 //! * After a sync, UDP conntrack entries that point at removed endpoints,
 //!   or hold a flow from before a service's first endpoint, are deleted
 //!   over ctnetlink ([`conntrack`]); after a full sync, every UDP entry to
@@ -33,6 +38,8 @@ pub mod conntrack;
 pub mod drift;
 mod dump;
 pub mod expr;
+mod fill;
+mod hairpin;
 pub mod nlsock;
 pub mod rules;
 
@@ -77,12 +84,12 @@ impl From<NftError> for DatapathError {
 /// Sends `batch` as one transaction of family `f`.
 pub fn commit(f: Family, batch: Batch) -> Result<(), NftError> {
     let started = Instant::now();
-    let messages = batch.len();
+    let (messages, bytes) = (batch.len(), batch.bytes());
     batch.commit().map_err(|e| NftError::Rejected {
         family: f.nft(),
         reason: e.to_string(),
     })?;
-    tracing::debug!(family = f.nft(), messages, elapsed = ?started.elapsed(), "nftables transaction committed");
+    tracing::debug!(family = f.nft(), messages, bytes, elapsed = ?started.elapsed(), "nftables transaction committed");
     Ok(())
 }
 
@@ -206,11 +213,16 @@ pub struct NftDatapath {
     cluster_cidrs: Vec<Cidr>,
     /// `--masquerade-all`: every connection to a ClusterIP is masqueraded.
     masquerade_all: bool,
-    /// What each service has programmed, per family.
-    programmed: HashMap<(ObjectKey, Family), ServiceObjects>,
+    /// The frontends a service claims but did not own when it was last
+    /// programmed (only services that lost one). With the state last
+    /// programmed, they give back exactly what a service has in the
+    /// table, so nothing else per service is kept.
+    unowned: HashMap<ObjectKey, Vec<Frontend>>,
+    /// Elements per family and map after the last sync.
+    map_counts: HashMap<(Family, &'static str), usize>,
     /// How many services DNAT to an address (its `hairpin` element lives
     /// while this is above 0).
-    hairpin_refs: HashMap<(Family, IpAddr), usize>,
+    hairpin_refs: hairpin::HairpinRefs,
     /// `--nodeport-addresses` (empty: every local address).
     nodeport_addresses: Vec<Cidr>,
     /// The endpoint counts the pick chains have rules for, per family.
@@ -241,8 +253,9 @@ impl NftDatapath {
             metrics: None,
             cluster_cidrs,
             masquerade_all: false,
-            programmed: HashMap::new(),
-            hairpin_refs: HashMap::new(),
+            unowned: HashMap::new(),
+            map_counts: HashMap::new(),
+            hairpin_refs: hairpin::HairpinRefs::default(),
             note: "proxy-mode nftables".to_owned(),
             nodeport_addresses: Vec::new(),
             pick_counts: HashMap::new(),
@@ -272,9 +285,9 @@ impl NftDatapath {
 
     /// Sends `b`, keeping what it did.
     fn send(&mut self, f: Family, b: Batch) -> Result<(), NftError> {
-        let kept = b.descriptions().iter().take(LAST_TRANSACTION_KEPT);
+        let kept = b.descriptions().take(LAST_TRANSACTION_KEPT);
         self.last_transaction
-            .insert(f, (b.len(), kept.cloned().collect()));
+            .insert(f, (b.len(), kept.map(str::to_owned).collect()));
         commit(f, b)
     }
 
@@ -302,136 +315,53 @@ impl NftDatapath {
     }
 
     /// The objects of `se` in family `f`, without the map elements of
-    /// frontends another service owns.
-    fn owned_objects(&self, se: &ServiceEndpoints, f: Family, claims: &Claims) -> ServiceObjects {
+    /// frontends another service owns; and those frontends.
+    fn owned_objects(
+        &self,
+        se: &ServiceEndpoints,
+        f: Family,
+        claims: &Claims,
+    ) -> (ServiceObjects, Vec<Frontend>) {
         let mut objs = rules::service_objects(se, f, &self.cluster_cidrs, self.masquerade_all);
-        objs.elements.retain(|ek, _| {
-            element_frontend(ek).is_none_or(|fr| claims.owns(&se.service.key, &fr))
+        let mut lost = Vec::new();
+        objs.elements.retain(|ek, _| match element_frontend(ek) {
+            Some(fr) if !claims.owns(&se.service.key, &fr) => {
+                if !lost.contains(&fr) {
+                    lost.push(fr);
+                }
+                false
+            }
+            _ => true,
         });
+        (objs, lost)
+    }
+
+    /// What the service `key` of `prev` (the state last programmed) has in
+    /// family `f`: its objects built again, without the frontends it did
+    /// not own then.
+    fn programmed_objects(&self, prev: &LocalState, key: &ObjectKey, f: Family) -> ServiceObjects {
+        let Some(se) = prev.service(key) else {
+            return ServiceObjects::default();
+        };
+        let mut objs = rules::service_objects(se, f, &self.cluster_cidrs, self.masquerade_all);
+        if let Some(lost) = self.unowned.get(key) {
+            objs.elements
+                .retain(|ek, _| element_frontend(ek).is_none_or(|fr| !lost.contains(&fr)));
+        }
         objs
     }
 
-    fn fill(
-        &mut self,
-        f: Family,
-        next: &LocalState,
-        claims: &Claims,
-        recreate: bool,
-    ) -> Result<(), NftError> {
-        let fam = f.nfproto_u8();
-        let (old_chains, old_sets) = if recreate {
-            (Vec::new(), Vec::new())
-        } else {
-            batch::list_objects(fam, TABLE)
-                .map_err(|e| NftError::Exec(format!("listing table {} {TABLE}: {e}", f.nft())))?
-        };
-        let mut programmed = Vec::new();
-        let mut hairpin: HashMap<(Family, IpAddr), usize> = HashMap::new();
-        let mut wanted_chains: BTreeSet<String> = rules::BASE_CHAINS
-            .iter()
-            .map(|c| c.0.to_owned())
-            .chain(rules::HELPER_CHAINS.iter().map(|c| (*c).to_owned()))
-            .collect();
-        let mut wanted_sets: BTreeMap<String, u32> = BTreeMap::new();
-        for se in &next.services {
-            let key = &se.service.key;
-            let objs = self.owned_objects(se, f, claims);
-            wanted_chains.extend(objs.chains.keys().cloned());
-            wanted_sets.extend(objs.sets.iter().map(|(k, v)| (k.clone(), *v)));
-            for ip in &objs.hairpin {
-                *hairpin.entry((f, *ip)).or_default() += 1;
-            }
-            programmed.push((key.clone(), objs));
+    /// Adds `lost` to the frontends `key` does not own.
+    fn note_unowned(&mut self, key: &ObjectKey, lost: Vec<Frontend>) {
+        if lost.is_empty() {
+            return;
         }
-
-        let mut b = Batch::new();
-        if recreate && has_table(f)? {
-            b.delete_table(fam, TABLE);
-        }
-        b.add_table(fam, TABLE);
-        b.flush_rules(fam, TABLE, None);
-        let base_names: BTreeSet<&str> = rules::BASE_SETS.iter().copied().collect();
-        let mut kept_sets = BTreeSet::new();
-        for set in &old_sets {
-            if base_names.contains(set.name.as_str()) {
-                b.flush_set(fam, TABLE, &set.name);
-            } else if wanted_sets
-                .get(&set.name)
-                .is_some_and(|t| u64::from(*t) * 1000 == set.timeout_ms)
-            {
-                // An affinity set that still applies keeps its entries.
-                kept_sets.insert(set.name.clone());
-            } else {
-                b.delete_set(fam, TABLE, &set.name);
+        let known = self.unowned.entry(key.clone()).or_default();
+        for fr in lost {
+            if !known.contains(&fr) {
+                known.push(fr);
             }
         }
-        // Left over from an earlier run: rules are gone with the flush, so
-        // nothing references them any more.
-        for chain in &old_chains {
-            if !wanted_chains.contains(chain) || chain == rules::INFO_CHAIN {
-                b.delete_chain(fam, TABLE, chain);
-            }
-        }
-        b.add_commented_chain(fam, TABLE, rules::INFO_CHAIN, &self.note);
-        for set in rules::base_sets(f) {
-            b.add_set(fam, TABLE, &set);
-        }
-        for (name, timeout) in &wanted_sets {
-            if !kept_sets.contains(name) {
-                b.add_set(fam, TABLE, &rules::affinity_set(f, name, *timeout));
-            }
-        }
-        for (name, kind, hook, prio) in rules::BASE_CHAINS {
-            b.add_chain(fam, TABLE, name, Some((kind, hook, prio)));
-        }
-        for name in rules::HELPER_CHAINS {
-            b.add_chain(fam, TABLE, name, None);
-        }
-        for (_, objs) in &programmed {
-            for name in objs.chains.keys() {
-                b.add_chain(fam, TABLE, name, None);
-            }
-        }
-        let counts = rules::pick_counts(
-            programmed
-                .iter()
-                .flat_map(|(_, o)| o.counts.iter().copied()),
-        );
-        let base = rules::base_rules(f, &self.nodeport_addresses);
-        for (chain, rule) in base.into_iter().chain(rules::pick_rules(&counts)) {
-            add_rules(&mut b, f, chain, std::slice::from_ref(&rule));
-        }
-        for (_, objs) in &programmed {
-            for (name, chain_rules) in &objs.chains {
-                add_rules(&mut b, f, name, chain_rules);
-            }
-        }
-        let all = programmed
-            .iter()
-            .flat_map(|(_, o)| o.elements.iter().map(|(k, v)| (k, Some(v))));
-        for (map, (elems, keys)) in grouped(all) {
-            let what = describe(map, &keys, elems.len());
-            b.add_elements(fam, TABLE, map, &elems, what);
-        }
-        let hp: Vec<Element> = hairpin.keys().map(|(_, ip)| hairpin_element(*ip)).collect();
-        if !hp.is_empty() {
-            b.add_elements(
-                fam,
-                TABLE,
-                rules::HAIRPIN,
-                &hp,
-                format!("element {} ({} addresses)", rules::HAIRPIN, hp.len()),
-            );
-        }
-        self.send(f, b)?;
-        self.pick_counts.insert(f, counts);
-        self.programmed.retain(|(_, fam), _| *fam != f);
-        self.hairpin_refs.retain(|(fam, _), _| *fam != f);
-        self.hairpin_refs.extend(hairpin);
-        for (key, objs) in programmed {
-            self.programmed.insert((key, f), objs);
-        }
-        Ok(())
     }
 
     /// One transaction with only the services that changed.
@@ -439,12 +369,14 @@ impl NftDatapath {
     /// Element deletions come before additions, so an address handed from
     /// one changed service to another is re-pointed in the same
     /// transaction.
+    /// Returns the frontends each changed service does not own now.
     fn partial_sync(
         &mut self,
         f: Family,
+        prev: &LocalState,
         changed: &[ServiceChange<'_>],
         claims: &Claims,
-    ) -> Result<(), NftError> {
+    ) -> Result<Vec<(ObjectKey, Vec<Frontend>)>, NftError> {
         let fam = f.nfproto_u8();
         let mut del_elems: Vec<(ElementKey, ElementValue)> = Vec::new();
         let mut add_elems: Vec<(ElementKey, ElementValue)> = Vec::new();
@@ -457,15 +389,11 @@ impl NftDatapath {
         // Hairpin counts change once the kernel took the transaction (no
         // copy of the whole tables: a one-service change stays small at
         // any scale).
-        let mut hairpin_delta: BTreeMap<IpAddr, isize> = BTreeMap::new();
+        let mut hairpin_delta: BTreeMap<IpAddr, i32> = BTreeMap::new();
         for c in changed {
             let key = c.key;
-            let old = self
-                .programmed
-                .get(&(key.clone(), f))
-                .cloned()
-                .unwrap_or_default();
-            let new = c
+            let old = self.programmed_objects(prev, key, f);
+            let (new, lost) = c
                 .next
                 .map(|se| self.owned_objects(se, f, claims))
                 .unwrap_or_default();
@@ -518,7 +446,7 @@ impl NftDatapath {
                 }
                 add_rule_sets.push((name.clone(), chain_rules.clone()));
             }
-            results.push((key.clone(), new));
+            results.push((key.clone(), lost));
         }
         // A count without pick rules: both pick chains are rewritten with
         // rules for it and its neighbours (counts no longer in use keep
@@ -542,14 +470,21 @@ impl NftDatapath {
         let mut counts = Vec::new();
         let (mut gone, mut new_hp) = (Vec::new(), Vec::new());
         for (ip, delta) in hairpin_delta {
-            let before = self.hairpin_refs.get(&(f, ip)).copied().unwrap_or(0);
+            let before = self.hairpin_refs.get(&ip);
             let after = before.saturating_add_signed(delta);
             if before > 0 && after == 0 {
                 gone.push(hairpin_element(ip));
             } else if before == 0 && after > 0 {
                 new_hp.push(hairpin_element(ip));
             }
-            counts.push(((f, ip), after));
+            counts.push((ip, after));
+        }
+        let mut map_delta: BTreeMap<&'static str, isize> = BTreeMap::new();
+        for ((map, _), _) in &del_elems {
+            *map_delta.entry(map).or_default() -= 1;
+        }
+        for ((map, _), _) in &add_elems {
+            *map_delta.entry(map).or_default() += 1;
         }
 
         // Phases in this order inside the one transaction, so nothing is
@@ -603,21 +538,14 @@ impl NftDatapath {
         if let Some(c) = pick_counts {
             self.pick_counts.insert(f, c);
         }
-        for (k, n) in counts {
-            if n == 0 {
-                self.hairpin_refs.remove(&k);
-            } else {
-                self.hairpin_refs.insert(k, n);
-            }
+        for (ip, n) in counts {
+            self.hairpin_refs.set(ip, n);
         }
-        for (key, objs) in results {
-            if objs == ServiceObjects::default() {
-                self.programmed.remove(&(key, f));
-            } else {
-                self.programmed.insert((key, f), objs);
-            }
+        for (map, delta) in map_delta {
+            let n = self.map_counts.entry((f, map)).or_default();
+            *n = n.saturating_add_signed(delta);
         }
-        Ok(())
+        Ok(results)
     }
 }
 
@@ -629,10 +557,8 @@ impl Datapath for NftDatapath {
     fn map_entries(&self) -> Vec<(&'static str, usize)> {
         let mut counts: BTreeMap<&'static str, usize> =
             rules::BASE_SETS.iter().map(|m| (*m, 0)).collect();
-        for objs in self.programmed.values() {
-            for (map, _) in objs.elements.keys() {
-                *counts.entry(map).or_default() += 1;
-            }
+        for ((_, map), n) in &self.map_counts {
+            *counts.entry(map).or_default() += n;
         }
         *counts.entry(rules::HAIRPIN).or_default() = self.hairpin_refs.len();
         counts.into_iter().collect()
@@ -648,8 +574,12 @@ impl Datapath for NftDatapath {
 
     /// A full sync refills both tables from scratch, so it repairs
     /// whatever [`drift::verify`] finds.
-    fn verify(&mut self) -> Result<Vec<Drift>, DatapathError> {
-        Ok(drift::verify(self)?)
+    fn verify(
+        &mut self,
+        programmed: &LocalState,
+        claims: &Claims,
+    ) -> Result<Vec<Drift>, DatapathError> {
+        Ok(drift::verify(self, programmed, claims)?)
     }
 
     fn dump(_: &DatapathConfig) -> Result<Option<Dump>, DatapathError> {
@@ -677,6 +607,8 @@ impl Datapath for NftDatapath {
         claims: &Claims,
     ) -> Result<ApplyStats, DatapathError> {
         let started = Instant::now();
+        // Refilled by the sync; on a failure the next apply is full again.
+        self.unowned.clear();
         for f in Family::ALL {
             let synced = self.full_sync(f, next, claims);
             self.count_failure(f, &synced);
@@ -699,10 +631,18 @@ impl Datapath for NftDatapath {
         claims: &Claims,
     ) -> Result<ApplyStats, DatapathError> {
         let started = Instant::now();
+        let mut lost: HashMap<ObjectKey, Vec<Frontend>> = HashMap::new();
         for f in Family::ALL {
-            let synced = self.partial_sync(f, changed, claims);
+            let synced = self.partial_sync(f, prev, changed, claims);
             self.count_failure(f, &synced);
-            synced?;
+            for (key, frontends) in synced? {
+                lost.entry(key).or_default().extend(frontends);
+            }
+        }
+        // Both families took the change: the record follows it.
+        for (key, frontends) in lost {
+            self.unowned.remove(&key);
+            self.note_unowned(&key, frontends);
         }
         let flushes: Vec<conntrack::Flush> = changed
             .iter()
@@ -718,7 +658,7 @@ impl Datapath for NftDatapath {
 
 impl NftDatapath {
     /// `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`.
-    fn count_failure(&self, f: Family, synced: &Result<(), NftError>) {
+    fn count_failure<T>(&self, f: Family, synced: &Result<T, NftError>) {
         if let (Err(_), Some(m)) = (synced, &self.metrics) {
             m.sync_failures.with_label_values(&[f.label()]).inc();
         }
