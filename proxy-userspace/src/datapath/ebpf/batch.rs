@@ -122,6 +122,16 @@ const LOOKUP_CHUNK: usize = 8192;
 /// meanwhile may or may not be seen (as with a key-by-key walk).
 pub fn lookup_all<K: aya::Pod, V: aya::Pod>(fd: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>> {
     let mut out = Vec::new();
+    for_each_entry(fd, |k: &K, v: &V| out.push((*k, *v)))?;
+    Ok(out)
+}
+
+/// Hands every entry of a hash map to `f`, read in chunks of
+/// [`LOOKUP_CHUNK`], so that only one chunk is in memory at a time.
+pub fn for_each_entry<K: aya::Pod, V: aya::Pod>(
+    fd: BorrowedFd<'_>,
+    mut f: impl FnMut(&K, &V),
+) -> io::Result<()> {
     // The position token: a bucket index for hash maps (u32); room for
     // more, as the kernel writes up to the key size for some map types.
     let mut token = [0u64; 8];
@@ -143,16 +153,13 @@ pub fn lookup_all<K: aya::Pod, V: aya::Pod>(fd: BorrowedFd<'_>) -> io::Result<Ve
         first = false;
         let result = call(BPF_MAP_LOOKUP_BATCH, &mut attr, LOOKUP_CHUNK);
         let got = (attr.count as usize).min(LOOKUP_CHUNK);
-        out.extend(
-            keys[..got]
-                .iter()
-                .copied()
-                .zip(values[..got].iter().copied()),
-        );
+        for (k, v) in keys[..got].iter().zip(&values[..got]) {
+            f(k, v);
+        }
         match result {
             Ok(()) => {}
             // The end of the map.
-            Err(e) if e.error.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
+            Err(e) if e.error.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
             Err(e) => return Err(e.error),
         }
     }

@@ -17,7 +17,7 @@ use proxy_common::{
 
 use super::batch::{self, BatchError};
 use super::codec::{BackendAddr, Vip};
-use super::plan::{Op, Programmed};
+use super::plan::{Entry, Op, Programmed};
 use super::{chain, EbpfError};
 
 /// The maps the daemon writes.
@@ -205,31 +205,54 @@ impl KernelMaps {
         Ok(out)
     }
 
-    /// The writer's view of what the maps hold now. Entries that do not
-    /// decode (unknown address family) are skipped with a warning.
+    /// The writer's view of what the maps hold now, built as the entries
+    /// are read (a chunk at a time, never the whole maps as a list).
+    /// Entries that do not decode (unknown address family) are skipped
+    /// with a warning.
     pub fn read_view(&self) -> Result<Programmed, EbpfError> {
-        let mut services = Vec::new();
-        for (k, v) in self.service_entries()? {
-            match Vip::from_key(&k) {
-                Some((vip, slot)) => services.push((vip, slot, v)),
-                None => tracing::warn!(
-                    family = k.family,
-                    "skipping an undecodable EKP_SERVICES entry"
-                ),
+        let mut view = Programmed::default();
+        self.for_each_entry(|entry| view.add_entry(entry))?;
+        Ok(view)
+    }
+
+    /// Whether the maps hold exactly what `view` says, read a chunk at a
+    /// time without building a second view: every entry agrees and the
+    /// counts match (an entry the maps lack shows as a count short).
+    pub fn matches(&self, view: &Programmed) -> Result<bool, EbpfError> {
+        let (mut same, mut services, mut backends) = (true, 0usize, 0usize);
+        self.for_each_entry(|entry| {
+            match &entry {
+                Entry::Service(..) => services += 1,
+                Entry::Backend(..) => backends += 1,
             }
-        }
-        let mut backends = Vec::new();
-        for (id, b) in self.backend_entries()? {
-            match BackendAddr::from_value(&b) {
-                Some(addr) => backends.push((id, addr)),
+            same &= view.holds(&entry);
+        })?;
+        Ok(same && services == view.service_entry_count() && backends == view.backend_count())
+    }
+
+    /// Every decodable entry of the services and backends maps.
+    fn for_each_entry(&self, mut f: impl FnMut(Entry)) -> Result<(), EbpfError> {
+        batch::for_each_entry(self.backends_fd(), |id: &u32, b: &Backend| {
+            match BackendAddr::from_value(b) {
+                Some(addr) => f(Entry::Backend(*id, addr)),
                 None => tracing::warn!(
                     id,
                     family = b.family,
                     "skipping an undecodable EKP_BACKENDS entry"
                 ),
             }
-        }
-        Ok(Programmed::from_entries(services, backends))
+        })
+        .map_err(|e| read_err(MAP_BACKENDS, e))?;
+        batch::for_each_entry(self.services_fd(), |k: &ServiceKey, v: &ServiceValue| {
+            match Vip::from_key(k) {
+                Some((vip, slot)) => f(Entry::Service(vip, slot, *v)),
+                None => tracing::warn!(
+                    family = k.family,
+                    "skipping an undecodable EKP_SERVICES entry"
+                ),
+            }
+        })
+        .map_err(|e| read_err(MAP_SERVICES, e))
     }
 
     /// Deletes the affinity entries of one service, all or those pointing at

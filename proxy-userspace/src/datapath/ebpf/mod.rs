@@ -386,6 +386,11 @@ impl Datapath for EbpfDatapath {
                 .map(|name| drift::missing_link(&self.root, &name)),
         );
         self.relink |= !out.is_empty();
+        // Read once without building anything; the maps are read again into
+        // a second view only when something differs.
+        if self.maps.matches(&self.view)? {
+            return Ok(out);
+        }
         let found = self.maps.read_view()?;
         // Who owns a VIP: worked out only when something differs.
         let owners: std::cell::OnceCell<HashMap<Vip, &ObjectKey>> = std::cell::OnceCell::new();

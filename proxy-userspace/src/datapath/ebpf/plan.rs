@@ -84,7 +84,39 @@ pub enum Op {
     },
 }
 
+/// One entry read back from the kernel maps.
+#[derive(Clone, Copy, Debug)]
+pub enum Entry {
+    /// A services map entry: slot 0 is the header.
+    Service(Vip, u16, ServiceValue),
+    Backend(u32, BackendAddr),
+}
+
 impl Programmed {
+    /// Adds an entry read back from the kernel (in any order).
+    pub fn add_entry(&mut self, entry: Entry) {
+        match entry {
+            Entry::Backend(id, addr) => self.put_backend(id, addr),
+            Entry::Service(vip, 0, value) => self.put_header(vip, Header::from_value(&value)),
+            Entry::Service(vip, slot, value) => self.put_slot(vip, slot, value.backend_id),
+        }
+    }
+
+    /// Whether the view has this entry, as it is.
+    pub fn holds(&self, entry: &Entry) -> bool {
+        match *entry {
+            Entry::Backend(id, addr) => self.backends.get(id) == Some(addr),
+            Entry::Service(vip, 0, value) => self
+                .services
+                .get(&vip)
+                .is_some_and(|s| s.header == Some(Header::from_value(&value))),
+            Entry::Service(vip, slot, value) => self.services.get(&vip).is_some_and(|s| {
+                s.slots.get(usize::from(slot) - 1) == Some(&value.backend_id)
+                    && value.backend_id != 0
+            }),
+        }
+    }
+
     /// Rebuilds the view from map contents read back from the kernel.
     pub fn from_entries(
         services: impl IntoIterator<Item = (Vip, u16, ServiceValue)>,
