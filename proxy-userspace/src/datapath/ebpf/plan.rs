@@ -540,12 +540,14 @@ pub fn peak_bound(view: &Programmed, stale: &[Vip], desired: &[DesiredService]) 
 /// computes them in chunks and never holds all of them): the maps as they
 /// are, or after the removals with each VIP at the larger of its old and
 /// new entry counts; every backend in the view stays while new ones are
-/// added.
+/// added (counted once per VIP that lists them: no set of a quarter of a
+/// million addresses to tell that VIPs share one, at the price of a looser
+/// bound for NodePort and external addresses).
 pub struct PeakBound<'v> {
     view: &'v Programmed,
     removed: usize,
     grown: usize,
-    new_backends: HashSet<BackendAddr>,
+    new_backends: usize,
 }
 
 impl<'v> PeakBound<'v> {
@@ -554,7 +556,7 @@ impl<'v> PeakBound<'v> {
             view,
             removed: 0,
             grown: 0,
-            new_backends: HashSet::new(),
+            new_backends: 0,
         }
     }
 
@@ -568,11 +570,11 @@ impl<'v> PeakBound<'v> {
         for d in desired {
             self.grown += (1 + d.backends.len()).saturating_sub(self.entries(&d.vip));
             let view = self.view;
-            self.new_backends.extend(
-                d.backends
-                    .iter()
-                    .filter(|b| view.backends.id_of(b).is_none()),
-            );
+            self.new_backends += d
+                .backends
+                .iter()
+                .filter(|b| view.backends.id_of(b).is_none())
+                .count();
         }
     }
 
@@ -584,7 +586,7 @@ impl<'v> PeakBound<'v> {
         let now = self.view.service_entries;
         Peak {
             service_entries: now.max(now.saturating_sub(self.removed) + self.grown),
-            backends: self.view.backends.len() + self.new_backends.len(),
+            backends: self.view.backends.len() + self.new_backends,
         }
     }
 }
