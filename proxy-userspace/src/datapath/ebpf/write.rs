@@ -101,7 +101,6 @@ impl EbpfDatapath {
         stale.sort_unstable();
         bound.removals(&stale);
         let peak = bound.peak();
-        drop(bound);
         let c = self.maps.capacity;
         let fits =
             peak.service_entries <= c.services as usize && peak.backends <= c.backends as usize;

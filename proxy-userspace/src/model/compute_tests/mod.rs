@@ -453,6 +453,7 @@ fn selection_table() {
 }
 
 mod cases;
+mod cases_more;
 use cases::cases;
 
 // ---- determinism ----------------------------------------------------
