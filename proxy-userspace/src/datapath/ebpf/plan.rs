@@ -603,6 +603,11 @@ pub fn plan_gc(view: &Programmed) -> Vec<Op> {
 /// removed ids are filled with added ids, then from the end. 0 in `old`
 /// is an empty slot. `want` has no duplicates.
 pub fn stable_slots(old: &[u32], want: &[u32]) -> Vec<u32> {
+    // A new service (every one at a first start) or one whose backends did
+    // not move: no sets to build.
+    if old.is_empty() || old == want {
+        return want.to_vec();
+    }
     let want_set: HashSet<u32> = want.iter().copied().collect();
     let mut seen = HashSet::with_capacity(old.len());
     let mut out: Vec<u32> = old
