@@ -77,6 +77,28 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
             crate::events::ServiceEvents::kube(client.clone(), &config.node_name)
         }
     };
+    // The source starts reading (files parsed, lists requested) while the
+    // datapath loads: the eBPF programs' load and verification take a
+    // few hundred ms that the first state no longer waits for. Nothing is
+    // served before the checks below pass; their messages wait in the
+    // channel for the syncer.
+    let (source_tx, source_rx) = sources::channel();
+    let mut tasks = tokio::task::JoinSet::new();
+    {
+        let cancel = shutdown.clone();
+        let node_name = config.node_name.clone();
+        tasks.spawn(async move {
+            match source {
+                Source::File(manifests) => file::run(manifests, source_tx, cancel)
+                    .await
+                    .context("file source"),
+                Source::Kube(client, server) => {
+                    sources::kube::run(client, server, node_name, source_tx, cancel).await;
+                    Ok(())
+                }
+            }
+        });
+    }
     let (mut datapath, datapath_choice) = select_datapath(&config)?;
     let listeners = Listeners::bind(
         config.localnet_bind_address,
@@ -135,7 +157,6 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
         }
     }
 
-    let (source_tx, source_rx) = sources::channel();
     let (snapshot_tx, snapshot_rx) = crate::snapshot::snapshot_channel();
     let hcnp_snapshots = snapshot_rx.clone();
     let (pods_tx, pods_rx) = crate::snapshot::pod_snapshot_channel();
@@ -161,22 +182,6 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
         env!("CARGO_PKG_VERSION")
     );
 
-    let mut tasks = tokio::task::JoinSet::new();
-    {
-        let cancel = shutdown.clone();
-        let node_name = config.node_name.clone();
-        tasks.spawn(async move {
-            match source {
-                Source::File(manifests) => file::run(manifests, source_tx, cancel)
-                    .await
-                    .context("file source"),
-                Source::Kube(client, server) => {
-                    sources::kube::run(client, server, node_name, source_tx, cancel).await;
-                    Ok(())
-                }
-            }
-        });
-    }
     // The eBPF datapath serves node ports on the node's addresses and
     // attaches to the interfaces holding them: it follows their changes.
     let node_addresses = Arc::new(tokio::sync::Notify::new());
