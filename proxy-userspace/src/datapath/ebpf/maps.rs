@@ -17,7 +17,7 @@ use proxy_common::{
 
 use super::batch::{self, BatchError};
 use super::codec::{BackendAddr, Vip};
-use super::plan::{Entry, Op, Programmed};
+use super::plan::{Entry, Op, Peak, Programmed};
 use super::{chain, EbpfError};
 
 /// The maps the daemon writes.
@@ -34,6 +34,18 @@ pub struct KernelMaps {
 pub struct Capacity {
     pub services: u32,
     pub backends: u32,
+}
+
+impl Capacity {
+    /// The first map `peak` would overflow: (name, entries needed, capacity).
+    pub fn overflow(&self, peak: &Peak) -> Option<(&'static str, usize, u32)> {
+        [
+            (MAP_SERVICES, peak.service_entries, self.services),
+            (MAP_BACKENDS, peak.backends, self.backends),
+        ]
+        .into_iter()
+        .find(|&(_, needed, capacity)| needed > capacity as usize)
+    }
 }
 
 fn map_err(map: &'static str, op: &'static str, e: &MapError) -> EbpfError {

@@ -123,16 +123,11 @@ impl Programmed {
         backends: impl IntoIterator<Item = (u32, BackendAddr)>,
     ) -> Programmed {
         let mut p = Programmed::default();
-        for (id, addr) in backends {
-            p.put_backend(id, addr);
-        }
-        for (vip, slot, value) in services {
-            if slot == 0 {
-                p.put_header(vip, Header::from_value(&value));
-            } else {
-                p.put_slot(vip, slot, value.backend_id);
-            }
-        }
+        let backends = backends.into_iter().map(|(id, a)| Entry::Backend(id, a));
+        let services = services
+            .into_iter()
+            .map(|(v, s, x)| Entry::Service(v, s, x));
+        backends.chain(services).for_each(|e| p.add_entry(e));
         p
     }
 

@@ -16,7 +16,7 @@
 use std::collections::HashSet;
 
 use super::codec::Vip;
-use super::desired;
+use super::desired::{self, DesiredService};
 use super::plan::{self, Change, PlanProblem};
 use super::{maps, sockdestroy, EbpfDatapath, EbpfError};
 use crate::datapath::ApplyStats;
@@ -86,37 +86,24 @@ impl EbpfDatapath {
                 .chunks(SERVICES_PER_CHUNK)
                 .map(|part| desired::desired_of(part, claims, &node_ips))
         };
+        if next.services.len() <= SERVICES_PER_CHUNK {
+            let desired = desired::desired_of(&next.services, claims, &node_ips);
+            return self.apply_one_plan(&desired);
+        }
         let mut wanted = HashSet::new();
         let mut bound = plan::PeakBound::new(&self.view);
         for desired in chunks() {
             wanted.extend(desired.iter().map(|d| d.vip));
             bound.upserts(&desired);
         }
-        let mut stale: Vec<Vip> = self
-            .view
-            .services()
-            .map(|(vip, _)| *vip)
-            .filter(|vip| !wanted.contains(vip))
-            .collect();
-        stale.sort_unstable();
+        let stale = self.stale(&wanted);
         bound.removals(&stale);
-        let peak = bound.peak();
-        let c = self.maps.capacity;
-        let fits =
-            peak.service_entries <= c.services as usize && peak.backends <= c.backends as usize;
-        self.owned.clear();
-        if next.services.len() <= SERVICES_PER_CHUNK || !fits {
+        if self.maps.capacity.overflow(&bound.peak()).is_some() {
             // One plan, whose exact check refuses what does not fit.
             let desired = desired::desired_of(&next.services, claims, &node_ips);
-            let changes = stale
-                .into_iter()
-                .map(Change::Remove)
-                .chain(desired.iter().map(Change::Upsert))
-                .collect();
-            let stats = self.apply_changes(changes)?;
-            desired.iter().for_each(|d| self.own(d));
-            return Ok((stats, wanted));
+            return self.apply_one_plan(&desired);
         }
+        self.owned.clear();
         // Decided once: after the first chunk the view is not empty any
         // more, but a first start still has no pairs to destroy.
         let list_pairs = self.lists_socket_pairs();
@@ -129,6 +116,37 @@ impl EbpfDatapath {
         }
         self.collect_backends()?;
         Ok((written.into_result()?, wanted))
+    }
+
+    /// `desired` in one plan, VIPs in the maps it does not have removed
+    /// first. Returns the VIPs written.
+    fn apply_one_plan(
+        &mut self,
+        desired: &[DesiredService],
+    ) -> Result<(ApplyStats, HashSet<Vip>), EbpfError> {
+        let wanted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
+        let changes = self
+            .stale(&wanted)
+            .into_iter()
+            .map(Change::Remove)
+            .chain(desired.iter().map(Change::Upsert))
+            .collect();
+        self.owned.clear();
+        let stats = self.apply_changes(changes)?;
+        desired.iter().for_each(|d| self.own(d));
+        Ok((stats, wanted))
+    }
+
+    /// The VIPs in the maps that `wanted` does not have, sorted.
+    fn stale(&self, wanted: &HashSet<Vip>) -> Vec<Vip> {
+        let mut stale: Vec<Vip> = self
+            .view
+            .services()
+            .map(|(vip, _)| *vip)
+            .filter(|vip| !wanted.contains(vip))
+            .collect();
+        stale.sort_unstable();
+        stale
     }
 
     /// Socket destruction needs the (VIP, backend) pairs a plan removes
@@ -208,20 +226,16 @@ impl EbpfDatapath {
     /// Refuses a plan that would overflow a map, before its first write.
     fn check_fits(&self, ops: &[plan::Op]) -> Result<(), EbpfError> {
         let peak = plan::peak(&self.view, ops);
-        let c = self.maps.capacity;
-        for (map, needed, capacity) in [
-            (proxy_common::MAP_SERVICES, peak.service_entries, c.services),
-            (proxy_common::MAP_BACKENDS, peak.backends, c.backends),
-        ] {
-            if needed > capacity as usize {
+        match self.maps.capacity.overflow(&peak) {
+            Some((map, needed, capacity)) => {
                 self.metrics.full.with_label_values(&[map]).inc();
-                return Err(EbpfError::MapFull {
+                Err(EbpfError::MapFull {
                     map,
                     capacity,
                     needed: Some(needed),
-                });
+                })
             }
+            None => Ok(()),
         }
-        Ok(())
     }
 }
