@@ -7,15 +7,17 @@
 //! the services, `end`); with `--deltas` it asks for delta frames (the
 //! first frame is still the whole state) and checks that each delta is on
 //! the revision it holds. Clients decode the events but keep no state, so
-//! 100 of them fit in memory at 50k services. Prints `ready R` once every client holds revision
-//! R (the first frame), then `all R T` each time the revision every client
-//! holds rises to R, with T the Unix time (seconds) the last of them
-//! finished reading it.
+//! 100 of them fit in memory at 50k services. Prints `ready R B` once every
+//! client holds revision R (the first frame), B the bytes that frame took
+//! on the wire (gRPC message prefixes included), then `all R T` each time
+//! the revision every client holds rises to R, with T the Unix time
+//! (seconds) the last of them finished reading it.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use ebpf_kube_proxy::localnet::client::{self, Target};
+use prost::Message;
 use proto::localnet::v1::watch_event::Event;
 use tokio_stream::StreamExt;
 
@@ -41,18 +43,24 @@ fn parse_args() -> Result<(Target, usize, bool)> {
     Ok((target.context("--target is required")?, clients, deltas))
 }
 
-/// One watcher: sends `(index, rev)` after each complete frame.
+/// A gRPC message's length prefix.
+const GRPC_PREFIX: usize = 5;
+
+/// One watcher: sends `(index, rev, bytes)` after each complete frame.
 async fn watcher(
     index: usize,
     target: Target,
     deltas: bool,
-    done: tokio::sync::mpsc::UnboundedSender<(usize, u64)>,
+    done: tokio::sync::mpsc::UnboundedSender<(usize, u64, usize)>,
 ) -> Result<()> {
     let mut c = client::connect(&target).await?;
     let mut stream = client::watch(&mut c, 0, 0, deltas).await?;
-    let mut rev = 0;
+    let (mut rev, mut bytes) = (0, 0);
     while let Some(event) = stream.next().await {
-        match event?.event {
+        let event = event?;
+        let len = GRPC_PREFIX + event.encoded_len();
+        bytes += len;
+        match event.event {
             Some(Event::Begin(b)) => {
                 if b.base_rev != 0 && b.base_rev != rev {
                     bail!(
@@ -60,10 +68,11 @@ async fn watcher(
                         b.base_rev
                     );
                 }
-                rev = b.rev
+                rev = b.rev;
+                bytes = len;
             }
             // A frame is complete: report it (the main task gone: stop).
-            Some(Event::End(_)) if done.send((index, rev)).is_err() => return Ok(()),
+            Some(Event::End(_)) if done.send((index, rev, bytes)).is_err() => return Ok(()),
             _ => {}
         }
     }
@@ -91,12 +100,12 @@ async fn main() -> Result<()> {
     let mut reported = 0u64;
     loop {
         tokio::select! {
-            Some((i, rev)) = rx.recv() => {
+            Some((i, rev, bytes)) = rx.recv() => {
                 held[i] = rev;
                 let min = held.iter().copied().min().unwrap_or(0);
                 if min > reported {
                     if reported == 0 {
-                        println!("ready {min}");
+                        println!("ready {min} {bytes}");
                     } else {
                         println!("all {min} {:.6}", now());
                     }

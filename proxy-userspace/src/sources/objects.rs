@@ -104,17 +104,24 @@ pub fn decode_object(value: serde_json::Value) -> Result<Decoded, ObjectError> {
 /// Node has none): all a delete needs, whatever the rest of the object
 /// holds.
 pub fn object_ref(kind: ObjectKind, value: &serde_json::Value) -> Result<ObjectRef, ObjectError> {
-    let text = |p: &str| {
-        value
-            .pointer(p)
-            .and_then(serde_json::Value::as_str)
-            .filter(|s| !s.is_empty())
-    };
-    let name = text("/metadata/name").ok_or_else(|| invalid("metadata.name", "is required"))?;
+    let text = |p: &str| value.pointer(p).and_then(serde_json::Value::as_str);
+    object_ref_of(kind, text("/metadata/name"), text("/metadata/namespace"))
+}
+
+/// [`object_ref`] of a typed object's name and namespace.
+pub fn object_ref_of(
+    kind: ObjectKind,
+    name: Option<&str>,
+    namespace: Option<&str>,
+) -> Result<ObjectRef, ObjectError> {
+    fn present(s: Option<&str>) -> Option<&str> {
+        s.filter(|s| !s.is_empty())
+    }
+    let name = present(name).ok_or_else(|| invalid("metadata.name", "is required"))?;
     let namespace = match kind {
         ObjectKind::Node => "",
         ObjectKind::Service | ObjectKind::EndpointSlice | ObjectKind::Pod => {
-            text("/metadata/namespace").unwrap_or("default")
+            present(namespace).unwrap_or("default")
         }
     };
     Ok(ObjectRef {

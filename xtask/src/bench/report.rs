@@ -117,6 +117,12 @@ fn rows(datapath: &str, source: Source) -> Vec<Row> {
             value: |c| c.fanout_ms.clone(),
         },
         Row {
+            figure: "  the same frame copied to 100 unix sockets, no gRPC (floor)",
+            unit: "ms",
+            goal: None,
+            value: |c| c.fanout_floor_ms.clone(),
+        },
+        Row {
             figure: "localnet: 100 watchers get a new revision, delta Watch",
             unit: "ms",
             goal: Some(500.0),

@@ -70,6 +70,9 @@ pub struct CellResult {
     pub idle_cpu_pct: Result<f64, String>,
     pub peak_rss_mib: Result<f64, String>,
     pub fanout_ms: Result<f64, String>,
+    /// The kernel's share of that: the bytes of one full frame copied to
+    /// each watcher over unix sockets, no gRPC, no decoding.
+    pub fanout_floor_ms: Result<f64, String>,
     /// The same with watchers that ask for delta frames.
     pub fanout_delta_ms: Result<f64, String>,
     pub restart: Result<Restart, String>,
@@ -155,6 +158,7 @@ pub fn run_cell(
         idle_cpu_pct: skipped("not reached"),
         peak_rss_mib: skipped("not reached"),
         fanout_ms: skipped("not reached"),
+        fanout_floor_ms: skipped("not reached"),
         fanout_delta_ms: skipped("not reached"),
         restart: skipped("not reached"),
     };
@@ -200,9 +204,14 @@ pub fn run_cell(
                 .map_err(|e| format!("{e:#}"))
         }
     };
-    result.fanout_ms = fan(next_generation, false);
+    let full = fan(next_generation, false);
+    result.fanout_ms = full.clone().map(|(ms, _)| ms);
     progress_line("fan-out (ms)", &result.fanout_ms);
-    result.fanout_delta_ms = fan(next_generation + 1, true);
+    result.fanout_floor_ms = full.and_then(|(_, frame_bytes)| {
+        copy_floor_ms(frame_bytes, settings.watchers).map_err(|e| format!("{e:#}"))
+    });
+    progress_line("fan-out floor, unix sockets only (ms)", &result.fanout_floor_ms);
+    result.fanout_delta_ms = fan(next_generation + 1, true).map(|(ms, _)| ms);
     progress_line("fan-out, delta Watch (ms)", &result.fanout_delta_ms);
     result.restart = if datapath == "none" {
         skipped("no datapath")
@@ -305,8 +314,9 @@ fn kill(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Milliseconds from one change to every one of the watchers holding it;
-/// `deltas`: watchers that ask for delta frames.
+/// Milliseconds from one change to every one of the watchers holding it,
+/// and the bytes of a full frame on the wire; `deltas`: watchers that ask
+/// for delta frames.
 fn fanout(
     bed: &mut Bed,
     driver: &Driver,
@@ -314,7 +324,7 @@ fn fanout(
     generation: usize,
     deltas: bool,
     settings: &Settings,
-) -> Result<f64> {
+) -> Result<(f64, usize)> {
     let mut helper = Command::new(&settings.fanout_bin)
         .arg("--target")
         .arg(format!("unix:{}", bed.localnet_socket.display()))
@@ -324,12 +334,13 @@ fn fanout(
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("starting {}", settings.fanout_bin.display()))?;
-    let result = (|| -> Result<f64> {
+    let result = (|| -> Result<(f64, usize)> {
         let lines = line_reader(&mut helper)?;
         let ready = next_line(bed, &lines, "the watchers did not all get the first state")?;
-        let ready_rev: u64 = ready
+        let (ready_rev, frame_bytes): (u64, usize) = ready
             .strip_prefix("ready ")
-            .and_then(|r| r.parse().ok())
+            .and_then(|r| r.split_once(' '))
+            .and_then(|(rev, bytes)| Some((rev.parse().ok()?, bytes.parse().ok()?)))
             .with_context(|| format!("unexpected line {ready:?}"))?;
         let written = unix_now();
         driver.change(pods, generation)?;
@@ -339,7 +350,7 @@ fn fanout(
             let rev: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
             let at: f64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0.0);
             if rev > ready_rev {
-                return Ok(1e3 * (at - written));
+                return Ok((1e3 * (at - written), frame_bytes));
             }
         }
     })();
@@ -353,6 +364,50 @@ fn fanout(
         return result.with_context(|| format!("fan-out helper: {}", err.trim()));
     }
     result
+}
+
+/// Milliseconds to copy `bytes` to each of `watchers` unix sockets and read
+/// them on the other ends, one thread writing and one reading: the least
+/// any protocol can take to hand every watcher a frame of that size on
+/// this machine.
+fn copy_floor_ms(bytes: usize, watchers: usize) -> Result<f64> {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    const CHUNK: usize = 1 << 20;
+    let pairs = (0..watchers)
+        .map(|_| UnixStream::pair())
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("creating socket pairs")?;
+    let (writers, readers): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
+    let started = Instant::now();
+    let reader = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut buf = vec![0u8; CHUNK];
+        for mut r in readers {
+            let mut left = bytes;
+            while left > 0 {
+                let n = r.read(&mut buf[..left.min(CHUNK)])?;
+                if n == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                left -= n;
+            }
+        }
+        Ok(())
+    });
+    let chunk = vec![0x5au8; CHUNK];
+    for mut w in writers {
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(CHUNK);
+            w.write_all(&chunk[..n]).context("writing")?;
+            left -= n;
+        }
+    }
+    reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("the reader panicked"))?
+        .context("reading")?;
+    Ok(started.elapsed().as_secs_f64() * 1e3)
 }
 
 /// The fan-out helper's next line, within [`FANOUT_TIMEOUT`]; gives up
@@ -478,6 +533,7 @@ impl CellResult {
             "idle_cpu_percent": json_of(&self.idle_cpu_pct, |v| json!(v)),
             "vmhwm_mib": json_of(&self.peak_rss_mib, |v| json!(v)),
             "fanout_ms": json_of(&self.fanout_ms, |v| json!(v)),
+            "fanout_floor_ms": json_of(&self.fanout_floor_ms, |v| json!(v)),
             "fanout_delta_ms": json_of(&self.fanout_delta_ms, |v| json!(v)),
             "restart": json_of(&self.restart, |r| json!({
                 "requests": r.requests,

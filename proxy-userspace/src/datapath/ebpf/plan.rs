@@ -573,6 +573,13 @@ impl<'v> PeakBound<'v> {
         }
     }
 
+    /// Adds what `other`, over the same view, counted.
+    pub fn merge(&mut self, other: &PeakBound<'_>) {
+        self.removed += other.removed;
+        self.grown += other.grown;
+        self.new_backends += other.new_backends;
+    }
+
     pub fn removals(&mut self, stale: &[Vip]) {
         self.removed += stale.iter().map(|v| self.entries(v)).sum::<usize>();
     }

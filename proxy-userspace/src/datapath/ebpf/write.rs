@@ -14,6 +14,7 @@
 //! before its first write.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use super::codec::Vip;
 use super::desired::{self, DesiredService};
@@ -21,12 +22,18 @@ use super::plan::{self, Change, PlanProblem};
 use super::{maps, sockdestroy, EbpfDatapath, EbpfError};
 use crate::datapath::ApplyStats;
 use crate::model::claims::Claims;
-use crate::model::LocalState;
+use crate::model::{LocalState, ServiceEndpoints};
+
+/// A state's services, or a chunk of them.
+type Services = [Arc<ServiceEndpoints>];
 
 /// Services planned and written together in a chunked full sync: a few MB
 /// of desired services and ops, and still long runs for the kernel's batch
 /// calls.
 pub(super) const SERVICES_PER_CHUNK: usize = 8_192;
+
+/// Chunks of desired services computed ahead of the one being written.
+const CHUNKS_AHEAD: usize = 1;
 
 /// What one plan wrote, and the first service it could not program.
 #[derive(Default)]
@@ -75,33 +82,28 @@ impl EbpfDatapath {
     /// reach; when that fits the maps, the second pass computes and writes
     /// them again a chunk at a time, so neither all desired services nor
     /// all ops are ever in memory together.
+    ///
+    /// Both passes use the second core: the first splits the chunks
+    /// between two threads, and in the second a thread computes the next
+    /// chunk's desired services while this one plans and writes the
+    /// current chunk (at most [`CHUNKS_AHEAD`] chunks wait).
     pub(super) fn apply_full(
         &mut self,
         next: &LocalState,
         claims: &Claims,
     ) -> Result<(ApplyStats, HashSet<Vip>), EbpfError> {
         let node_ips = self.node_ips.clone();
-        let chunks = || {
-            next.services
-                .chunks(SERVICES_PER_CHUNK)
-                .map(|part| desired::desired_of(part, claims, &node_ips))
-        };
+        let desired_of = |part: &[_]| desired::desired_of(part, claims, &node_ips);
         if next.services.len() <= SERVICES_PER_CHUNK {
-            let desired = desired::desired_of(&next.services, claims, &node_ips);
-            return self.apply_one_plan(&desired);
+            return self.apply_one_plan(&desired_of(&next.services));
         }
-        let mut wanted = HashSet::new();
-        let mut bound = plan::PeakBound::new(&self.view);
-        for desired in chunks() {
-            wanted.extend(desired.iter().map(|d| d.vip));
-            bound.upserts(&desired);
-        }
+        let parts: Vec<_> = next.services.chunks(SERVICES_PER_CHUNK).collect();
+        let (wanted, mut bound) = self.first_pass(&parts, &desired_of);
         let stale = self.stale(&wanted);
         bound.removals(&stale);
         if self.maps.capacity.overflow(&bound.peak()).is_some() {
             // One plan, whose exact check refuses what does not fit.
-            let desired = desired::desired_of(&next.services, claims, &node_ips);
-            return self.apply_one_plan(&desired);
+            return self.apply_one_plan(&desired_of(&next.services));
         }
         self.owned.clear();
         // Decided once: after the first chunk the view is not empty any
@@ -109,13 +111,61 @@ impl EbpfDatapath {
         let list_pairs = self.lists_socket_pairs();
         let removals = stale.into_iter().map(Change::Remove).collect();
         let mut written = self.write_changes(removals, list_pairs)?;
-        for desired in chunks() {
-            let upserts = desired.iter().map(Change::Upsert).collect();
-            written.add(self.write_changes(upserts, list_pairs)?);
-            desired.iter().for_each(|d| self.own(d));
-        }
+        std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::sync_channel(CHUNKS_AHEAD);
+            let parts = &parts;
+            let desired_of = &desired_of;
+            // Ends when its chunks are done or when the receiver is gone
+            // (a write failed).
+            scope.spawn(move || {
+                for part in parts {
+                    if tx.send(desired_of(part)).is_err() {
+                        return;
+                    }
+                }
+            });
+            for desired in rx {
+                let upserts = desired.iter().map(Change::Upsert).collect();
+                written.add(self.write_changes(upserts, list_pairs)?);
+                desired.iter().for_each(|d| self.own(d));
+            }
+            Ok::<_, EbpfError>(())
+        })?;
         self.collect_backends()?;
         Ok((written.into_result()?, wanted))
+    }
+
+    /// The first pass of a chunked full sync, its chunks split between
+    /// this thread and another: the VIPs wanted and a bound of the
+    /// entries (without the removals).
+    fn first_pass<'p>(
+        &self,
+        parts: &[&'p Services],
+        desired_of: &(dyn Fn(&'p Services) -> Vec<DesiredService> + Sync),
+    ) -> (HashSet<Vip>, plan::PeakBound<'_>) {
+        let view = &self.view;
+        let half = |parts: &[&'p [_]]| {
+            let mut wanted = HashSet::new();
+            let mut bound = plan::PeakBound::new(view);
+            for part in parts {
+                let desired = desired_of(part);
+                wanted.extend(desired.iter().map(|d| d.vip));
+                bound.upserts(&desired);
+            }
+            (wanted, bound)
+        };
+        let (mine, theirs) = parts.split_at(parts.len() / 2);
+        std::thread::scope(|scope| {
+            let other = scope.spawn(|| half(theirs));
+            let (mut wanted, mut bound) = half(mine);
+            // `half` panics only on a bug: pass it on.
+            let (w, b) = other
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            wanted.extend(w);
+            bound.merge(&b);
+            (wanted, bound)
+        })
     }
 
     /// `desired` in one plan, VIPs in the maps it does not have removed
