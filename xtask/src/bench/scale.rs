@@ -210,7 +210,10 @@ pub fn run_cell(
     result.fanout_floor_ms = full.and_then(|(_, frame_bytes)| {
         copy_floor_ms(frame_bytes, settings.watchers).map_err(|e| format!("{e:#}"))
     });
-    progress_line("fan-out floor, unix sockets only (ms)", &result.fanout_floor_ms);
+    progress_line(
+        "fan-out floor, unix sockets only (ms)",
+        &result.fanout_floor_ms,
+    );
     result.fanout_delta_ms = fan(next_generation + 1, true).map(|(ms, _)| ms);
     progress_line("fan-out, delta Watch (ms)", &result.fanout_delta_ms);
     result.restart = if datapath == "none" {

@@ -9,10 +9,9 @@
 //! table `std`'s `HashMap` is built on, which lets the index borrow its
 //! keys from the other table).
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 
-use hashbrown::HashTable;
+use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 
 use super::codec::BackendAddr;
 
@@ -34,7 +33,8 @@ pub struct BackendTable {
     /// kernel whose backend was gone): normally empty. Kept so that the
     /// id, if written again, is not collected while those slots remain.
     orphan_refs: HashMap<u32, u32>,
-    hasher: std::hash::RandomState,
+    /// foldhash, randomly seeded: quicker than SipHash on these keys.
+    hasher: DefaultHashBuilder,
 }
 
 impl std::fmt::Debug for BackendTable {
@@ -100,6 +100,18 @@ impl BackendTable {
             }
         }
         refs == 0
+    }
+
+    /// Makes room for `additional` more backends.
+    pub fn reserve(&mut self, additional: usize) {
+        let hasher = &self.hasher;
+        self.by_id.reserve(additional, |b| hasher.hash_one(b.id));
+        let by_id = &self.by_id;
+        self.by_addr.reserve(additional, |i| {
+            by_id
+                .find(hasher.hash_one(*i), |b| b.id == *i)
+                .map_or(0, |b| hasher.hash_one(b.addr))
+        });
     }
 
     /// Forgets `id` (and its address, when the address maps to it).

@@ -16,8 +16,12 @@
 //! from the last slot. A one-endpoint change is O(1) map writes whatever the
 //! service's size.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
 
+// foldhash (randomly seeded), not SipHash: these tables take every entry
+// of a full sync (300k slots and 250k backends at 50k services) and their
+// keys are small.
+use hashbrown::{HashMap, HashSet};
 use proxy_common::{ServiceValue, MAX_BACKENDS_PER_SERVICE};
 
 use super::backend_table::BackendTable;
@@ -131,6 +135,15 @@ impl Programmed {
         p
     }
 
+    /// Makes room for `vips` more services and `backends` more backends
+    /// at once, instead of growing the tables while a full sync fills
+    /// them.
+    pub fn reserve(&mut self, vips: usize, backends: usize) {
+        self.services.reserve(vips);
+        self.service_ids.reserve(vips);
+        self.backends.reserve(backends);
+    }
+
     pub fn service(&self, vip: &Vip) -> Option<&ProgrammedService> {
         self.services.get(vip)
     }
@@ -145,6 +158,11 @@ impl Programmed {
 
     pub fn backends(&self) -> impl Iterator<Item = (u32, BackendAddr)> + '_ {
         self.backends.iter()
+    }
+
+    /// VIPs with an entry in the services map.
+    pub fn service_count(&self) -> usize {
+        self.services.len()
     }
 
     pub fn backend_count(&self) -> usize {
@@ -578,6 +596,11 @@ impl<'v> PeakBound<'v> {
         self.removed += other.removed;
         self.grown += other.grown;
         self.new_backends += other.new_backends;
+    }
+
+    /// Backends the sync may add (an upper bound).
+    pub fn new_backends(&self) -> usize {
+        self.new_backends
     }
 
     pub fn removals(&mut self, stale: &[Vip]) {
