@@ -127,7 +127,17 @@ fn proc_pid(bed: &Bed) -> Result<u32> {
 
 /// User + system CPU time of the daemon, in clock ticks.
 pub fn cpu_ticks(bed: &Bed) -> Result<u64> {
-    let pid = proc_pid(bed)?;
+    pid_cpu_ticks(proc_pid(bed)?)
+}
+
+/// Seconds of CPU in `ticks`.
+pub fn cpu_seconds(ticks: u64) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// User + system CPU time of process `pid`, in clock ticks.
+pub fn pid_cpu_ticks(pid: u32) -> Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .with_context(|| format!("reading /proc/{pid}/stat"))?;
     // The command name may hold spaces: fields count from after its ')'.
@@ -146,12 +156,10 @@ pub fn cpu_ticks(bed: &Bed) -> Result<u64> {
 
 /// The daemon's CPU use over `window`, in percent of one core.
 pub fn idle_cpu(bed: &Bed, window: Duration) -> Result<f64> {
-    // SAFETY: sysconf has no preconditions.
-    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let before = cpu_ticks(bed)?;
     let started = Instant::now();
     std::thread::sleep(window);
-    let used = (cpu_ticks(bed)? - before) as f64 / ticks_per_second;
+    let used = cpu_seconds(cpu_ticks(bed)? - before);
     Ok(100.0 * used / started.elapsed().as_secs_f64())
 }
 

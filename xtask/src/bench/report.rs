@@ -117,7 +117,29 @@ fn rows(datapath: &str, source: Source) -> Vec<Row> {
             value: |c| c.fanout_ms.clone(),
         },
         Row {
-            figure: "  the same frame copied to 100 unix sockets, no gRPC (floor)",
+            figure: "  … the daemon's CPU for it",
+            unit: "s",
+            goal: None,
+            value: |c| {
+                c.fanout_cpu
+                    .as_ref()
+                    .map(|c| c.daemon_s)
+                    .map_err(Clone::clone)
+            },
+        },
+        Row {
+            figure: "  … the watchers' CPU for it (receiving and decoding)",
+            unit: "s",
+            goal: None,
+            value: |c| {
+                c.fanout_cpu
+                    .as_ref()
+                    .map(|c| c.watchers_s)
+                    .map_err(Clone::clone)
+            },
+        },
+        Row {
+            figure: "  … the same frame copied to 100 unix sockets, no gRPC (floor)",
             unit: "ms",
             goal: None,
             value: |c| c.fanout_floor_ms.clone(),

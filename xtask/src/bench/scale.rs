@@ -59,6 +59,21 @@ pub struct Restart {
     pub reconcile_s: f64,
 }
 
+/// One full-frame fan-out: how long, how large a frame, whose CPU.
+#[derive(Clone, Debug)]
+pub struct FanOut {
+    pub ms: f64,
+    pub frame_bytes: usize,
+    pub cpu: FanoutCpu,
+}
+
+/// CPU seconds spent from the change to the last watcher holding it.
+#[derive(Clone, Copy, Debug)]
+pub struct FanoutCpu {
+    pub daemon_s: f64,
+    pub watchers_s: f64,
+}
+
 /// Each figure, or why it is missing (`Err`).
 #[derive(Debug)]
 pub struct CellResult {
@@ -73,6 +88,8 @@ pub struct CellResult {
     /// The kernel's share of that: the bytes of one full frame copied to
     /// each watcher over unix sockets, no gRPC, no decoding.
     pub fanout_floor_ms: Result<f64, String>,
+    /// CPU seconds the daemon and the watchers spent on that revision.
+    pub fanout_cpu: Result<FanoutCpu, String>,
     /// The same with watchers that ask for delta frames.
     pub fanout_delta_ms: Result<f64, String>,
     pub restart: Result<Restart, String>,
@@ -159,6 +176,7 @@ pub fn run_cell(
         peak_rss_mib: skipped("not reached"),
         fanout_ms: skipped("not reached"),
         fanout_floor_ms: skipped("not reached"),
+        fanout_cpu: skipped("not reached"),
         fanout_delta_ms: skipped("not reached"),
         restart: skipped("not reached"),
     };
@@ -205,16 +223,23 @@ pub fn run_cell(
         }
     };
     let full = fan(next_generation, false);
-    result.fanout_ms = full.clone().map(|(ms, _)| ms);
+    result.fanout_ms = full.as_ref().map(|f| f.ms).map_err(Clone::clone);
     progress_line("fan-out (ms)", &result.fanout_ms);
-    result.fanout_floor_ms = full.and_then(|(_, frame_bytes)| {
-        copy_floor_ms(frame_bytes, settings.watchers).map_err(|e| format!("{e:#}"))
+    result.fanout_cpu = full.as_ref().map(|f| f.cpu).map_err(Clone::clone);
+    if let Ok(c) = &result.fanout_cpu {
+        println!(
+            "      fan-out CPU: daemon {:.2} s, watchers {:.2} s",
+            c.daemon_s, c.watchers_s
+        );
+    }
+    result.fanout_floor_ms = full.and_then(|f| {
+        copy_floor_ms(f.frame_bytes, settings.watchers).map_err(|e| format!("{e:#}"))
     });
     progress_line(
         "fan-out floor, unix sockets only (ms)",
         &result.fanout_floor_ms,
     );
-    result.fanout_delta_ms = fan(next_generation + 1, true).map(|(ms, _)| ms);
+    result.fanout_delta_ms = fan(next_generation + 1, true).map(|f| f.ms);
     progress_line("fan-out, delta Watch (ms)", &result.fanout_delta_ms);
     result.restart = if datapath == "none" {
         skipped("no datapath")
@@ -317,9 +342,9 @@ fn kill(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Milliseconds from one change to every one of the watchers holding it,
-/// and the bytes of a full frame on the wire; `deltas`: watchers that ask
-/// for delta frames.
+/// From one change to every one of the watchers holding it: how long,
+/// the bytes of a full frame on the wire, and the CPU the daemon and the
+/// watchers spent meanwhile; `deltas`: watchers that ask for delta frames.
 fn fanout(
     bed: &mut Bed,
     driver: &Driver,
@@ -327,7 +352,7 @@ fn fanout(
     generation: usize,
     deltas: bool,
     settings: &Settings,
-) -> Result<(f64, usize)> {
+) -> Result<FanOut> {
     let mut helper = Command::new(&settings.fanout_bin)
         .arg("--target")
         .arg(format!("unix:{}", bed.localnet_socket.display()))
@@ -337,7 +362,8 @@ fn fanout(
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("starting {}", settings.fanout_bin.display()))?;
-    let result = (|| -> Result<(f64, usize)> {
+    let helper_pid = helper.id();
+    let result = (|| -> Result<FanOut> {
         let lines = line_reader(&mut helper)?;
         let ready = next_line(bed, &lines, "the watchers did not all get the first state")?;
         let (ready_rev, frame_bytes): (u64, usize) = ready
@@ -345,6 +371,10 @@ fn fanout(
             .and_then(|r| r.split_once(' '))
             .and_then(|(rev, bytes)| Some((rev.parse().ok()?, bytes.parse().ok()?)))
             .with_context(|| format!("unexpected line {ready:?}"))?;
+        let cpu = || -> Result<(u64, u64)> {
+            Ok((daemon::cpu_ticks(bed)?, daemon::pid_cpu_ticks(helper_pid)?))
+        };
+        let before = cpu()?;
         let written = unix_now();
         driver.change(pods, generation)?;
         loop {
@@ -353,7 +383,15 @@ fn fanout(
             let rev: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
             let at: f64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0.0);
             if rev > ready_rev {
-                return Ok((1e3 * (at - written), frame_bytes));
+                let after = cpu()?;
+                return Ok(FanOut {
+                    ms: 1e3 * (at - written),
+                    frame_bytes,
+                    cpu: FanoutCpu {
+                        daemon_s: daemon::cpu_seconds(after.0 - before.0),
+                        watchers_s: daemon::cpu_seconds(after.1 - before.1),
+                    },
+                });
             }
         }
     })();
@@ -537,6 +575,10 @@ impl CellResult {
             "vmhwm_mib": json_of(&self.peak_rss_mib, |v| json!(v)),
             "fanout_ms": json_of(&self.fanout_ms, |v| json!(v)),
             "fanout_floor_ms": json_of(&self.fanout_floor_ms, |v| json!(v)),
+            "fanout_cpu_s": json_of(&self.fanout_cpu, |c| json!({
+                "daemon": c.daemon_s,
+                "watchers": c.watchers_s,
+            })),
             "fanout_delta_ms": json_of(&self.fanout_delta_ms, |v| json!(v)),
             "restart": json_of(&self.restart, |r| json!({
                 "requests": r.requests,
