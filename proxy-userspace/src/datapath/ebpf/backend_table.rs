@@ -102,18 +102,6 @@ impl BackendTable {
         refs == 0
     }
 
-    /// Makes room for `additional` more backends.
-    pub fn reserve(&mut self, additional: usize) {
-        let hasher = &self.hasher;
-        self.by_id.reserve(additional, |b| hasher.hash_one(b.id));
-        let by_id = &self.by_id;
-        self.by_addr.reserve(additional, |i| {
-            by_id
-                .find(hasher.hash_one(*i), |b| b.id == *i)
-                .map_or(0, |b| hasher.hash_one(b.addr))
-        });
-    }
-
     /// Forgets `id` (and its address, when the address maps to it).
     fn remove(&mut self, id: u32) -> Option<Backend> {
         let hasher = &self.hasher;

@@ -135,15 +135,6 @@ impl Programmed {
         p
     }
 
-    /// Makes room for `vips` more services and `backends` more backends
-    /// at once, instead of growing the tables while a full sync fills
-    /// them.
-    pub fn reserve(&mut self, vips: usize, backends: usize) {
-        self.services.reserve(vips);
-        self.service_ids.reserve(vips);
-        self.backends.reserve(backends);
-    }
-
     pub fn service(&self, vip: &Vip) -> Option<&ProgrammedService> {
         self.services.get(vip)
     }
@@ -158,11 +149,6 @@ impl Programmed {
 
     pub fn backends(&self) -> impl Iterator<Item = (u32, BackendAddr)> + '_ {
         self.backends.iter()
-    }
-
-    /// VIPs with an entry in the services map.
-    pub fn service_count(&self) -> usize {
-        self.services.len()
     }
 
     pub fn backend_count(&self) -> usize {
@@ -596,11 +582,6 @@ impl<'v> PeakBound<'v> {
         self.removed += other.removed;
         self.grown += other.grown;
         self.new_backends += other.new_backends;
-    }
-
-    /// Backends the sync may add (an upper bound).
-    pub fn new_backends(&self) -> usize {
-        self.new_backends
     }
 
     pub fn removals(&mut self, stale: &[Vip]) {

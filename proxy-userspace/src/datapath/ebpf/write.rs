@@ -105,17 +105,12 @@ impl EbpfDatapath {
             // One plan, whose exact check refuses what does not fit.
             return self.apply_one_plan(&desired_of(&next.services));
         }
-        // The bound counts a backend once per VIP that lists it: never
-        // more than the state's endpoints are reserved up front.
-        let new_backends = bound.new_backends().min(next.endpoint_count());
         self.owned.clear();
         // Decided once: after the first chunk the view is not empty any
         // more, but a first start still has no pairs to destroy.
         let list_pairs = self.lists_socket_pairs();
         let removals = stale.into_iter().map(Change::Remove).collect();
         let mut written = self.write_changes(removals, list_pairs)?;
-        let new_vips = wanted.len().saturating_sub(self.view.service_count());
-        self.view.reserve(new_vips, new_backends);
         std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::sync_channel(CHUNKS_AHEAD);
             let parts = &parts;
