@@ -195,8 +195,13 @@ impl Watched for core::Pod {
 /// apiVersion, kind).
 #[derive(Clone, Debug)]
 struct RawObject<K> {
-    /// What the watcher itself reads (the resourceVersion), and no more.
-    metadata: ObjectMeta,
+    /// What the watcher itself reads: a watch event's resourceVersion.
+    resource_version: Option<String>,
+    /// The `ObjectMeta` the watcher reads it through, made on first use:
+    /// an `ObjectMeta` takes some 350 bytes even when empty, and a list's
+    /// items, which are never asked for theirs, are all decoded before the
+    /// first is consumed (~17 MB of them for a 50k-object list).
+    metadata: std::sync::OnceLock<Box<ObjectMeta>>,
     /// The object as the model has it, or why it was refused.
     decoded: Result<Object, Rejection>,
     /// Its kind, namespace and name, all a delete needs.
@@ -264,19 +269,15 @@ impl<K: Watched> RawObject<K> {
 
     fn typed(object: K) -> Self {
         let m = object.meta();
-        let metadata = ObjectMeta {
-            name: m.name.clone(),
-            namespace: m.namespace.clone(),
-            resource_version: m.resource_version.clone(),
-            ..ObjectMeta::default()
-        };
+        let resource_version = m.resource_version.clone();
         let reference = objects::object_ref_of(K::KIND, m.name.as_deref(), m.namespace.as_deref());
         let decoded = object.project().map_err(|error| Rejection {
             object: reference.clone().ok(),
             error,
         });
         RawObject {
-            metadata,
+            resource_version,
+            metadata: std::sync::OnceLock::new(),
             decoded,
             reference,
             resource: PhantomData,
@@ -286,22 +287,14 @@ impl<K: Watched> RawObject<K> {
     fn general(value: serde_json::Value) -> Self {
         #[cfg(test)]
         tests::GENERAL_PATH.with(|n| n.set(n.get() + 1));
-        let text = |field: &str| {
-            value
-                .get("metadata")
-                .and_then(|m| m.get(field))
-                .and_then(serde_json::Value::as_str)
-                .map(str::to_owned)
-        };
-        let metadata = ObjectMeta {
-            name: text("name"),
-            namespace: text("namespace"),
-            resource_version: text("resourceVersion"),
-            ..ObjectMeta::default()
-        };
+        let resource_version = value
+            .pointer("/metadata/resourceVersion")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned);
         let reference = objects::object_ref(K::KIND, &value);
         RawObject {
-            metadata,
+            resource_version,
+            metadata: std::sync::OnceLock::new(),
             decoded: decode::<K>(value),
             reference,
             resource: PhantomData,
@@ -325,10 +318,16 @@ impl<K: Resource> Resource for RawObject<K> {
         K::plural(dt)
     }
     fn meta(&self) -> &ObjectMeta {
-        &self.metadata
+        self.metadata.get_or_init(|| {
+            Box::new(ObjectMeta {
+                resource_version: self.resource_version.clone(),
+                ..ObjectMeta::default()
+            })
+        })
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
+        self.meta();
+        self.metadata.get_mut().expect("meta() has just made it")
     }
 }
 
@@ -711,7 +710,7 @@ mod tests {
         let general = RawObject::<core::Service>::general(item.clone());
         assert!(general.decoded.is_ok());
         let same = |raw: &RawObject<core::Service>, what: &str| {
-            assert_eq!(raw.metadata, general.metadata, "{what}");
+            assert_eq!(raw.meta(), general.meta(), "{what}");
             assert_eq!(raw.reference, general.reference, "{what}");
             assert_eq!(
                 raw.decoded.as_ref().ok(),
