@@ -39,7 +39,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::objects::{self, Decoded, ObjectError};
+use super::objects::{self, Decoded, ObjectError, Project};
 use super::{RejectReason, SourceMessage, SourceSender};
 use crate::model::{Change, Object, ObjectKind, ObjectRef};
 
@@ -145,45 +145,25 @@ pub async fn client(
 /// A resource the source watches, and the kind its objects have in the
 /// model.
 trait Watched:
-    Resource<DynamicType = ()>
-    + serde::de::DeserializeOwned
-    + Clone
-    + std::fmt::Debug
-    + Send
-    + Sync
-    + 'static
+    Resource<DynamicType = ()> + Project + Clone + std::fmt::Debug + Send + Sync + 'static
 {
     const KIND: ObjectKind;
-    /// The model's object, validated as the file source validates it.
-    fn project(self) -> Result<Object, ObjectError>;
 }
 
 impl Watched for core::Service {
     const KIND: ObjectKind = ObjectKind::Service;
-    fn project(self) -> Result<Object, ObjectError> {
-        objects::service(self).map(|s| Object::Service(Box::new(s)))
-    }
 }
 
 impl Watched for discovery::EndpointSlice {
     const KIND: ObjectKind = ObjectKind::EndpointSlice;
-    fn project(self) -> Result<Object, ObjectError> {
-        objects::endpoint_slice(self).map(Object::EndpointSlice)
-    }
 }
 
 impl Watched for core::Node {
     const KIND: ObjectKind = ObjectKind::Node;
-    fn project(self) -> Result<Object, ObjectError> {
-        objects::node(self).map(Object::Node)
-    }
 }
 
 impl Watched for core::Pod {
     const KIND: ObjectKind = ObjectKind::Pod;
-    fn project(self) -> Result<Object, ObjectError> {
-        objects::pod(self).map(Object::Pod)
-    }
 }
 
 /// An API object as the watcher reads it: checked as it is decoded, kept
@@ -295,7 +275,7 @@ impl<K: Watched> RawObject<K> {
         RawObject {
             resource_version,
             metadata: std::sync::OnceLock::new(),
-            decoded: decode::<K>(value),
+            decoded: decode::<K>(value, reference.clone().ok()),
             reference,
             resource: PhantomData,
         }
@@ -353,9 +333,11 @@ impl Rejection {
 }
 
 /// Checks one object of `K` as the file source checks a manifest's
-/// objects.
-fn decode<K: Watched>(mut value: serde_json::Value) -> Result<Object, Rejection> {
-    let object = objects::object_ref(K::KIND, &value).ok();
+/// objects; `object` names it in a rejection.
+fn decode<K: Watched>(
+    mut value: serde_json::Value,
+    object: Option<ObjectRef>,
+) -> Result<Object, Rejection> {
     // List items come without apiVersion and kind: the collection says them.
     if let serde_json::Value::Object(fields) = &mut value {
         fields.insert("apiVersion".into(), K::api_version(&()).into());

@@ -70,6 +70,37 @@ pub enum Decoded {
     },
 }
 
+/// A typed API object of a kind the proxy reads.
+pub trait Project: serde::de::DeserializeOwned {
+    /// The model's object, validated ([`service`], [`endpoint_slice`],
+    /// [`node`], [`pod`]).
+    fn project(self) -> Result<Object, ObjectError>;
+}
+
+impl Project for core::Service {
+    fn project(self) -> Result<Object, ObjectError> {
+        service(self).map(|s| Object::Service(Box::new(s)))
+    }
+}
+
+impl Project for discovery::EndpointSlice {
+    fn project(self) -> Result<Object, ObjectError> {
+        endpoint_slice(self).map(Object::EndpointSlice)
+    }
+}
+
+impl Project for core::Node {
+    fn project(self) -> Result<Object, ObjectError> {
+        node(self).map(Object::Node)
+    }
+}
+
+impl Project for core::Pod {
+    fn project(self) -> Result<Object, ObjectError> {
+        pod(self).map(Object::Pod)
+    }
+}
+
 /// Decodes one JSON value holding a Service, EndpointSlice, Node or Pod.
 /// `List` documents are expanded by the caller. The entry fuzz/ drives.
 pub fn decode_object(value: serde_json::Value) -> Result<Decoded, ObjectError> {
@@ -82,12 +113,12 @@ pub fn decode_object(value: serde_json::Value) -> Result<Decoded, ObjectError> {
         })
     }
     let object = match (api_version.as_str(), kind.as_str()) {
-        ("v1", "Service") => Object::Service(Box::new(service(typed(value)?)?)),
+        ("v1", "Service") => typed::<core::Service>(value)?.project()?,
         ("discovery.k8s.io/v1", "EndpointSlice") => {
-            Object::EndpointSlice(endpoint_slice(typed(value)?)?)
+            typed::<discovery::EndpointSlice>(value)?.project()?
         }
-        ("v1", "Node") => Object::Node(node(typed(value)?)?),
-        ("v1", "Pod") => Object::Pod(pod(typed(value)?)?),
+        ("v1", "Node") => typed::<core::Node>(value)?.project()?,
+        ("v1", "Pod") => typed::<core::Pod>(value)?.project()?,
         (_, "Service" | "EndpointSlice" | "Node" | "Pod") => {
             return Err(invalid(
                 "apiVersion",

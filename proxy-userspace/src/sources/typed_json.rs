@@ -14,8 +14,10 @@ use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::objects::{endpoint_slice, node, pod, service, Decoded, ObjectError};
-use crate::model::Object;
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+
+use super::objects::{Decoded, ObjectError, Project};
 
 /// The decoded object, its validation error, or `None`: this text needs
 /// the general path ([`super::objects::decode_object`] on its `Value`),
@@ -27,12 +29,12 @@ pub fn decode_object_json(text: &str) -> Option<Result<Decoded, ObjectError>> {
     let head = Head::deserialize(&mut de).ok()?;
     de.end().ok()?;
     let object = match (head.api_version.as_deref()?, head.kind.as_deref()?) {
-        ("v1", "Service") => service(typed(text)?).map(|s| Object::Service(Box::new(s))),
+        ("v1", "Service") => typed::<core::Service>(text)?.project(),
         ("discovery.k8s.io/v1", "EndpointSlice") => {
-            endpoint_slice(typed(text)?).map(Object::EndpointSlice)
+            typed::<discovery::EndpointSlice>(text)?.project()
         }
-        ("v1", "Node") => node(typed(text)?).map(Object::Node),
-        ("v1", "Pod") => pod(typed(text)?).map(Object::Pod),
+        ("v1", "Node") => typed::<core::Node>(text)?.project(),
+        ("v1", "Pod") => typed::<core::Pod>(text)?.project(),
         _ => return None,
     };
     Some(object.map(|o| Decoded::Object(Box::new(o))))
