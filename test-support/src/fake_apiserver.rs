@@ -3,7 +3,8 @@
 //! binary to be had on these machines).
 //!
 //! * `GET <collection>` lists (label and field selectors, a list
-//!   `resourceVersion`); `?watch=true&resourceVersion=R` streams
+//!   `resourceVersion`, pages of `limit` objects with a `continue` token,
+//!   as kube-rs' watchers ask for: 500); `?watch=true&resourceVersion=R` streams
 //!   newline-delimited ADDED/MODIFIED/DELETED events after R, BOOKMARKs when
 //!   asked, and an ERROR event with a 410 `Expired` Status when R is older
 //!   than the retained history.
@@ -328,6 +329,19 @@ fn list_response(head: Value, items: &[Bytes]) -> Response<Body> {
         .unwrap()
 }
 
+/// A `continue` token this server wrote: the list's resourceVersion and
+/// the key of the last object sent. Later pages are read from the objects
+/// as they are then (an API server reads them at the list's revision); a
+/// watch from the list's resourceVersion replays what changed meanwhile,
+/// so a client ends up with the same objects either way.
+fn parse_continue(token: &str) -> Option<(u64, (String, String))> {
+    let mut parts = token.splitn(3, '/');
+    let rv = parts.next()?.parse().ok()?;
+    let ns = parts.next()?.to_owned();
+    let name = parts.next()?.to_owned();
+    Some((rv, (ns, name)))
+}
+
 fn status_body(code: u16, reason: &str, message: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
            "message": message, "reason": reason, "code": code})
@@ -495,20 +509,48 @@ fn handle(
     let matches = move |o: &Value| labels_match(&labels, o) && fields_match(&fields, o);
     let is_watch = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
     if !is_watch {
+        let limit: usize = q
+            .get("limit")
+            .and_then(|v| v.parse().ok())
+            .filter(|&l| l > 0)
+            .unwrap_or(usize::MAX);
+        let (rv, after) = match q.get("continue").map(|t| parse_continue(t)) {
+            None => (None, None),
+            Some(Some((rv, key))) => (Some(rv), Some(key)),
+            Some(None) => {
+                return full(
+                    StatusCode::BAD_REQUEST,
+                    status_body(400, "BadRequest", "invalid continue token"),
+                );
+            }
+        };
         let st = state.lock().unwrap();
-        let items: Vec<Bytes> = st
-            .objects
-            .get(kind)
-            .map(|m| {
-                m.values()
-                    .filter(|o| matches(&o.value))
-                    .map(|o| o.json.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let head = json!({"kind": list_kind, "apiVersion": api_version,
-                          "metadata": {"resourceVersion": st.rv.to_string()}});
+        let rv = rv.unwrap_or(st.rv);
+        let mut page: Vec<(&(String, String), &Stored)> = match (st.objects.get(kind), &after) {
+            (None, _) => Vec::new(),
+            (Some(m), None) => m
+                .iter()
+                .filter(|(_, o)| matches(&o.value))
+                .take(limit.saturating_add(1))
+                .collect(),
+            (Some(m), Some(key)) => m
+                .range::<(String, String), _>((
+                    std::ops::Bound::Excluded(key),
+                    std::ops::Bound::Unbounded,
+                ))
+                .filter(|(_, o)| matches(&o.value))
+                .take(limit.saturating_add(1))
+                .collect(),
+        };
+        let mut metadata = json!({"resourceVersion": rv.to_string()});
+        if page.len() > limit {
+            page.truncate(limit);
+            let (ns, name) = page[limit - 1].0;
+            metadata["continue"] = json!(format!("{rv}/{ns}/{name}"));
+        }
+        let items: Vec<Bytes> = page.iter().map(|(_, o)| o.json.clone()).collect();
         drop(st);
+        let head = json!({"kind": list_kind, "apiVersion": api_version, "metadata": metadata});
         return list_response(head, &items);
     }
 

@@ -159,8 +159,8 @@ fn endpoint(e: &model::LocalEndpoint) -> pb::Endpoint {
         target_ref: target_ref.as_ref().map(|r| pb::TargetRef {
             kind: r.kind.to_string(),
             namespace: r.namespace.to_string(),
-            name: r.name.clone(),
-            uid: r.uid.clone(),
+            name: r.name.to_string(),
+            uid: r.uid.to_string(),
         }),
     }
 }

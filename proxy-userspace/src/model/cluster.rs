@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::intern::ArcStr;
+use super::uid::Uid;
 
 /// Namespace and name of a namespaced object; orders like kube-proxy's
 /// `NamespacedName` (namespace first).
@@ -198,12 +199,15 @@ pub struct EndpointSlicePort {
     pub app_protocol: Option<String>,
 }
 
+/// `endpoints[].targetRef`: one per endpoint, so kept compact (the kind
+/// and namespace shared, the name in a box of its own length, the uid as
+/// [`Uid`]): about 110 bytes where two `String`s took 180.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TargetRef {
     pub kind: ArcStr,
     pub namespace: ArcStr,
-    pub name: String,
-    pub uid: String,
+    pub name: Box<str>,
+    pub uid: Uid,
 }
 
 /// `endpoints[].hints`, also as published per endpoint.

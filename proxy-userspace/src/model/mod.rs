@@ -14,9 +14,11 @@ pub mod intern;
 pub mod local;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod uid;
 
 pub use cluster::*;
 pub use compute::{compute, NodeContext};
 pub use incremental::{Model, Recomputed};
 pub use intern::{intern, ArcStr};
 pub use local::*;
+pub use uid::Uid;

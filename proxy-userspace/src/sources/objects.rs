@@ -17,7 +17,7 @@ use crate::model::{
     AddressType, ConditionStatus, Endpoint, EndpointHints, EndpointSlice, EndpointSlicePort,
     Labels, LoadBalancerIngress, Node, Object, ObjectKey, ObjectKind, ObjectRef, Pod, PodCondition,
     Protocol, Service, ServicePort, ServiceType, TargetPort, TargetRef, Timestamp, TrafficPolicy,
-    DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+    Uid, DEFAULT_AFFINITY_TIMEOUT_SECONDS,
 };
 use crate::net::Cidr;
 
@@ -515,8 +515,8 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
                     Arc::new(TargetRef {
                         kind: intern(r.kind.as_deref().unwrap_or_default()),
                         namespace: intern(r.namespace.as_deref().unwrap_or_default()),
-                        name: r.name.unwrap_or_default(),
-                        uid: r.uid.unwrap_or_default(),
+                        name: r.name.unwrap_or_default().into_boxed_str(),
+                        uid: Uid::new(r.uid.as_deref().unwrap_or_default()),
                     })
                 }),
             });

@@ -86,21 +86,100 @@ fn offset_ip(base: Ipv4Addr, offset: usize) -> String {
     Ipv4Addr::from(u32::from(base).wrapping_add(offset)).to_string()
 }
 
-fn service(name: &str, ip: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Service",
-           "metadata": {"name": name, "namespace": NAMESPACE},
-           "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP",
-                    "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}})
+/// A stable pseudo-random word for `(what, n)` (splitmix64): the uids and
+/// pod-name suffixes of the generated objects, the same in every run.
+fn word(what: u64, n: u64) -> u64 {
+    let mut z = what
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(n)
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
-fn slice(service: &str, endpoints: &[(String, &str)]) -> Value {
+/// A version-4 UUID as the API server writes `metadata.uid`.
+fn uid(what: u64, n: u64) -> String {
+    let (a, b) = (word(what, n), word(what + 1, n));
+    format!(
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xfff,
+        0x8000 | (b >> 48) & 0x3fff,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+/// `len` characters of the alphabet Kubernetes generates names from.
+fn name_suffix(what: u64, n: u64, len: usize) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut w = word(what, n);
+    (0..len)
+        .map(|_| {
+            let c = ALPHABET[(w % ALPHABET.len() as u64) as usize];
+            w /= ALPHABET.len() as u64;
+            char::from(c)
+        })
+        .collect()
+}
+
+const CREATED: &str = "2026-11-01T00:00:00Z";
+/// Nodes the generated endpoints run on (none of them the bed's node).
+const OTHER_NODES: usize = 50;
+const ZONES: usize = 3;
+
+/// A Service as `kubectl get -o json` shows one a Deployment's pods back:
+/// the fields the API server fills in are there, so the sources parse
+/// and drop what a real cluster sends.
+fn service(n: u64, name: &str, ip: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": name, "namespace": NAMESPACE, "uid": uid(1, n),
+                        "creationTimestamp": CREATED, "labels": {"app": name}},
+           "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP",
+                    "selector": {"app": name}, "sessionAffinity": "None",
+                    "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+                    "internalTrafficPolicy": "Cluster",
+                    "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]},
+           "status": {"loadBalancer": {}}})
+}
+
+/// One endpoint of a generated slice: (address, node, index in the
+/// cluster, for its pod's name and uid).
+struct Ep<'a> {
+    ip: String,
+    node: &'a str,
+    n: u64,
+}
+
+/// An EndpointSlice as the EndpointSlice controller writes it: owner,
+/// managed-by label, trigger-time annotation, and per endpoint all three
+/// conditions, the zone and the pod (`targetRef` with name and uid).
+fn slice(n: u64, service: &str, endpoints: &[Ep<'_>]) -> Value {
+    let template = name_suffix(3, n, 10);
     let endpoints: Vec<Value> = endpoints
         .iter()
-        .map(|(ip, node)| json!({"addresses": [ip], "nodeName": node, "conditions": {"ready": true}}))
+        .map(|e| {
+            json!({"addresses": [e.ip], "nodeName": e.node,
+                   "zone": format!("zone-{}", e.n % ZONES as u64),
+                   "conditions": {"ready": true, "serving": true, "terminating": false},
+                   "targetRef": {"kind": "Pod", "namespace": NAMESPACE,
+                                 "name": format!("{service}-{template}-{}", name_suffix(4, e.n, 5)),
+                                 "uid": uid(5, e.n)}})
+        })
         .collect();
     json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-           "metadata": {"name": format!("{service}-1"), "namespace": NAMESPACE,
-                        "labels": {"kubernetes.io/service-name": service}},
+           "metadata": {"name": format!("{service}-{}", name_suffix(7, n, 5)),
+                        "generateName": format!("{service}-"),
+                        "namespace": NAMESPACE, "uid": uid(8, n), "generation": 1,
+                        "creationTimestamp": CREATED,
+                        "labels": {"kubernetes.io/service-name": service,
+                                   "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                                   "app": service},
+                        "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": CREATED},
+                        "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": service,
+                                             "uid": uid(1, n), "controller": true,
+                                             "blockOwnerDeletion": true}]},
            "addressType": "IPv4",
            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
            "endpoints": endpoints})
@@ -110,15 +189,26 @@ fn slice(service: &str, endpoints: &[(String, &str)]) -> Value {
 fn generated(scale: Scale, from: usize, to: usize) -> Vec<Value> {
     let mut out = Vec::with_capacity(2 * (to - from));
     let mut first_endpoint: usize = (0..from).map(|i| scale.endpoints_of(i)).sum();
+    let nodes: Vec<String> = (0..OTHER_NODES)
+        .map(|k| format!("node-{}", k + 2))
+        .collect();
     for i in from..to {
         let name = format!("svc-{i}");
-        out.push(service(&name, &offset_ip(Ipv4Addr::new(10, 96, 1, 0), i)));
+        out.push(service(
+            i as u64,
+            &name,
+            &offset_ip(Ipv4Addr::new(10, 96, 1, 0), i),
+        ));
         let n = scale.endpoints_of(i);
-        let eps: Vec<(String, &str)> = (first_endpoint..first_endpoint + n)
-            .map(|e| (offset_ip(Ipv4Addr::new(10, 128, 0, 0), e), "node-2"))
+        let eps: Vec<Ep<'_>> = (first_endpoint..first_endpoint + n)
+            .map(|e| Ep {
+                ip: offset_ip(Ipv4Addr::new(10, 128, 0, 0), e),
+                node: &nodes[e % OTHER_NODES],
+                n: e as u64,
+            })
             .collect();
         first_endpoint += n;
-        out.push(slice(&name, &eps));
+        out.push(slice(i as u64, &name, &eps));
     }
     out
 }
@@ -126,8 +216,17 @@ fn generated(scale: Scale, from: usize, to: usize) -> Vec<Value> {
 /// `probe` and `churn`; `generation` picks which churn endpoint differs
 /// from the first version (0: none), so every change is one endpoint.
 pub fn driven(pods: &[String], generation: usize) -> Vec<Value> {
-    let probe_eps: Vec<(String, &str)> = pods.iter().map(|p| (p.clone(), "node-1")).collect();
-    let churn_eps: Vec<(String, &str)> = (0..CHURN_ENDPOINTS)
+    // Indices past any generated object's, for their uids and pod names.
+    const DRIVEN: u64 = 1 << 40;
+    let probe_eps: Vec<Ep<'_>> = (0..)
+        .zip(pods)
+        .map(|(k, p)| Ep {
+            ip: p.clone(),
+            node: "node-1",
+            n: DRIVEN + k,
+        })
+        .collect();
+    let churn_eps: Vec<Ep<'_>> = (0..CHURN_ENDPOINTS)
         .map(|k| {
             // Generation g moved endpoint g % N to a fresh address; the
             // latest generation that moved endpoint k decides its address.
@@ -136,14 +235,18 @@ pub fn driven(pods: &[String], generation: usize) -> Vec<Value> {
                 Some(j) if j >= 1 => 100 + j,
                 _ => k + 1,
             };
-            (offset_ip(Ipv4Addr::new(10, 127, 0, 0), host), "node-2")
+            Ep {
+                ip: offset_ip(Ipv4Addr::new(10, 127, 0, 0), host),
+                node: "node-2",
+                n: DRIVEN + 1000 + host as u64,
+            }
         })
         .collect();
     vec![
-        service("probe", PROBE_IP),
-        slice("probe", &probe_eps),
-        service("churn", "10.96.0.6"),
-        slice("churn", &churn_eps),
+        service(DRIVEN, "probe", PROBE_IP),
+        slice(DRIVEN, "probe", &probe_eps),
+        service(DRIVEN + 1, "churn", "10.96.0.6"),
+        slice(DRIVEN + 1, "churn", &churn_eps),
     ]
 }
 

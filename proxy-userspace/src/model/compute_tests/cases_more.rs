@@ -396,7 +396,7 @@ pub(super) fn cases() -> Vec<Case> {
                             kind: "Pod".into(),
                             namespace: NS.into(),
                             name: "pod-1".into(),
-                            uid: "u1".into(),
+                            uid: crate::model::Uid::new("u1"),
                         }))
                     }),
                 ep("10.1.0.2"),
@@ -408,10 +408,7 @@ pub(super) fn cases() -> Vec<Case> {
                     ("pod-1", "n2", "b")
                 );
                 assert_eq!(e.hints.for_zones, ["b"]);
-                assert_eq!(
-                    e.target_ref.as_ref().map(|t| t.name.as_str()),
-                    Some("pod-1")
-                );
+                assert_eq!(e.target_ref.as_ref().map(|t| &*t.name), Some("pod-1"));
                 let e = endpoint(s, "web", "10.1.0.2");
                 assert_eq!(
                     (e.hostname.as_str(), e.node_name.as_str(), e.zone.as_str()),
