@@ -27,6 +27,9 @@ use super::local::{LocalState, ServiceEndpoints};
 /// Above this many touched Services a recompute rebuilds the service list
 /// in one merge instead of inserting and removing one at a time.
 const MERGE_THRESHOLD: usize = 64;
+/// From this many Services a recompute runs on every core (a thread costs
+/// tens of microseconds; one view a few).
+const PARALLEL_VIEWS: usize = 4096;
 
 /// The cluster state with its indexes and the current per-Service view.
 #[derive(Debug)]
@@ -159,13 +162,7 @@ impl Model {
             std::mem::take(&mut self.dirty).into_iter().collect()
         };
         let env = Env::new(&self.cluster, &self.node);
-        let views: Vec<(ObjectKey, Option<ServiceEndpoints>)> = touched
-            .into_iter()
-            .map(|key| {
-                let view = self.view(&key, &env);
-                (key, view)
-            })
-            .collect();
+        let views = self.views(touched, &env);
         let mut changed = Vec::new();
         if views.len() > MERGE_THRESHOLD {
             self.merge(views, &mut changed);
@@ -175,6 +172,45 @@ impl Model {
             }
         }
         Recomputed { changed }
+    }
+
+    /// The views of `touched`, in its order. A full recompute (a first
+    /// sync, a relist) is split across the machine's cores: each view
+    /// reads only the cluster state.
+    fn views(
+        &self,
+        touched: Vec<ObjectKey>,
+        env: &Env,
+    ) -> Vec<(ObjectKey, Option<ServiceEndpoints>)> {
+        let one = |key: ObjectKey| {
+            let view = self.view(&key, env);
+            (key, view)
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+        if touched.len() < PARALLEL_VIEWS || threads < 2 {
+            return touched.into_iter().map(one).collect();
+        }
+        let per = touched.len().div_ceil(threads);
+        let mut chunks: Vec<Vec<ObjectKey>> = Vec::with_capacity(threads);
+        let mut rest = touched.into_iter();
+        for _ in 0..threads {
+            chunks.push(rest.by_ref().take(per).collect());
+        }
+        std::thread::scope(|scope| {
+            let mut chunks = chunks.into_iter();
+            let mine = chunks.next().unwrap_or_default();
+            let others: Vec<_> = chunks
+                .map(|c| scope.spawn(move || c.into_iter().map(one).collect::<Vec<_>>()))
+                .collect();
+            let mut out: Vec<_> = mine.into_iter().map(one).collect();
+            for h in others {
+                match h.join() {
+                    Ok(part) => out.extend(part),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            out
+        })
     }
 
     /// One Service's view from the current cluster state.

@@ -382,3 +382,33 @@ fn an_unchanged_service_is_shared_between_states() {
     assert!(Arc::ptr_eq(&first.services[2], &second.services[2]));
     assert_eq!(second.services[1].endpoints.len(), 2);
 }
+
+/// A first sync of more Services than one thread computes: the views
+/// computed on several threads come back in order, each for its own key.
+#[test]
+fn a_large_first_sync_computed_on_several_threads_is_the_full_recompute() {
+    let ctx = NodeContext {
+        node_name: OWN_NODE.to_owned(),
+        synthesize_hints: false,
+    };
+    let mut model = Model::new(ctx.clone());
+    let count = 3 * super::PARALLEL_VIEWS / 2;
+    for i in 0..count {
+        let name = format!("big{i:05}");
+        // ClusterIP services: IPv4, IPv6, dual-stack, two ports.
+        let mut svc = service(0, 0, [68, 72, 76, 132][i % 4]);
+        svc.key = ObjectKey::new(ns(0), name.clone());
+        model.apply(Change::Upsert(Object::Service(Box::new(svc))));
+        let eps = [((i % 200) as u8, 1, 0), ((i % 7) as u8 + 1, 2, 0)];
+        let mut sl = slice(0, 0, Some(0), 0, 1, &eps[..1 + i % 2]);
+        sl.key = ObjectKey::new(ns(0), format!("{name}-x"));
+        sl.labels.insert(LABEL_SERVICE_NAME, name);
+        model.apply(Change::Upsert(Object::EndpointSlice(sl)));
+    }
+    let after = check(&mut model, &LocalState::default(), &ctx);
+    assert_eq!(after.services.len(), count);
+    assert!(
+        after.endpoint_count() >= count,
+        "every service has endpoints"
+    );
+}

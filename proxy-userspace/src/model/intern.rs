@@ -8,8 +8,9 @@
 //! the values in use. Interning changes no value, only where it is stored:
 //! a string from here equals (and hashes as) the same text from anywhere.
 
-use std::collections::HashSet;
 use std::sync::{Mutex, PoisonError};
+
+use hashbrown::HashSet;
 
 pub use arcstr::ArcStr;
 
@@ -17,6 +18,9 @@ pub use arcstr::ArcStr;
 const MIN_SWEEP: usize = 1024;
 
 struct Pool {
+    /// hashbrown's default hasher (foldhash): a quarter of a million
+    /// endpoints look up their node, zone and pod namespace and kind here
+    /// while a cluster is read, and SipHash was most of that.
     strings: HashSet<ArcStr>,
     /// Sweep when the pool reaches this size.
     sweep_at: usize,
@@ -34,7 +38,7 @@ pub fn intern(s: &str) -> ArcStr {
     // still a good one.
     let mut guard = POOL.lock().unwrap_or_else(PoisonError::into_inner);
     let pool = guard.get_or_insert_with(|| Pool {
-        strings: HashSet::new(),
+        strings: HashSet::default(),
         sweep_at: MIN_SWEEP,
     });
     if let Some(shared) = pool.strings.get(s) {

@@ -32,7 +32,8 @@ impl Uid {
 }
 
 fn canonical_uuid(text: &[u8]) -> Option<[u8; 16]> {
-    if text.len() != 36 || HYPHENS.iter().any(|&i| text[i] != b'-') {
+    let text: &[u8; 36] = text.try_into().ok()?;
+    if HYPHENS.iter().any(|&i| text[i] != b'-') {
         return None;
     }
     let nibble = |c: u8| match c {
@@ -40,15 +41,20 @@ fn canonical_uuid(text: &[u8]) -> Option<[u8; 16]> {
         b'a'..=b'f' => Some(c - b'a' + 10),
         _ => None,
     };
-    let mut digits = text.iter().filter(|&&c| c != b'-');
     let mut out = [0u8; 16];
-    for byte in &mut out {
-        let hi = nibble(*digits.next()?)?;
-        let lo = nibble(*digits.next()?)?;
-        *byte = hi << 4 | lo;
+    for (i, byte) in out.iter_mut().enumerate() {
+        // Byte i's two digits come after the hyphens before them.
+        let hyphens = match i {
+            0..=3 => 0,
+            4..=5 => 1,
+            6..=7 => 2,
+            8..=9 => 3,
+            _ => 4,
+        };
+        let at = 2 * i + hyphens;
+        *byte = nibble(text[at])? << 4 | nibble(text[at + 1])?;
     }
-    // Exactly four hyphens, where the form has them: 32 digits remain.
-    digits.next().is_none().then_some(out)
+    Some(out)
 }
 
 impl fmt::Display for Uid {
