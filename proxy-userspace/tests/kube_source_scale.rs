@@ -47,3 +47,42 @@ async fn a_thousand_services_with_ten_thousand_endpoints_sync_within_two_seconds
     assert_eq!(endpoints, 10_000);
     assert!(took < Duration::from_secs(2), "initial sync took {took:?}");
 }
+
+/// A first list longer than the chunks the source passes on while it
+/// reads: its continue token expires two pages in (after the first chunk
+/// reached the model), a service on the first page is deleted meanwhile,
+/// and the list starts over. The first state is the whole second list,
+/// without the deleted service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_list_restarted_part_way_drops_what_vanished_meanwhile() {
+    let api = FakeApiServer::start().await;
+    for i in 0..2500u32 {
+        let name = format!("svc-{i:04}");
+        api.apply(service(
+            "bulk",
+            &name,
+            &format!("10.96.{}.{}", i / 250, i % 250 + 1),
+        ));
+    }
+    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    // Pages of 500: the third page's request is the second continued one.
+    api.expire_continue(2, ("Service", "bulk", "svc-0007"));
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let d = Daemon::start_kube(dir, &kubeconfig, &[]);
+    let mut c = d.tcp().await;
+    let s = tokio::time::timeout(Duration::from_secs(20), client::next(&mut c, 0, 0))
+        .await
+        .expect("a state within 20 s")
+        .unwrap();
+    let names: std::collections::BTreeSet<String> = s
+        .services
+        .iter()
+        .filter_map(|x| x.service.as_ref())
+        .map(|x| x.name.clone())
+        .collect();
+    assert_eq!(names.len(), 2499, "the whole second list, nothing more");
+    assert!(!names.contains("svc-0007"), "the deleted service is gone");
+    assert!(names.contains("svc-0006") && names.contains("svc-2499"));
+}

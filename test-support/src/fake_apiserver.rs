@@ -91,6 +91,48 @@ struct State {
     requests: u64,
     /// Events posted (or patched), in arrival order.
     posted_events: Vec<Value>,
+    /// See [`FakeApiServer::expire_continue`].
+    expire_continue: Option<(u64, (String, String, String))>,
+    continue_requests: u64,
+}
+
+impl State {
+    fn delete(&mut self, kind: &str, namespace: &str, name: &str) {
+        let removed = self
+            .objects
+            .get_mut(kind)
+            .and_then(|m| m.remove(&(namespace.to_owned(), name.to_owned())));
+        if let Some(Stored {
+            value: mut object, ..
+        }) = removed
+        {
+            self.rv += 1;
+            let rv = self.rv;
+            object["metadata"]["resourceVersion"] = json!(rv.to_string());
+            self.events.push(WatchEvent {
+                rv,
+                kind: kind.to_owned(),
+                event: "DELETED",
+                object,
+            });
+        }
+    }
+
+    /// Whether this continued list request is the one to expire (and does
+    /// the delete that goes with it).
+    fn expires_continue(&mut self) -> bool {
+        self.continue_requests += 1;
+        match self.expire_continue.take() {
+            Some((nth, (kind, ns, name))) if nth == self.continue_requests => {
+                self.delete(&kind, &ns, &name);
+                true
+            }
+            other => {
+                self.expire_continue = other;
+                false
+            }
+        }
+    }
 }
 
 pub struct FakeApiServer {
@@ -190,28 +232,19 @@ impl FakeApiServer {
     }
 
     pub fn delete(&self, kind: &str, namespace: &str, name: &str) {
-        {
-            let mut st = self.state.lock().unwrap();
-            let removed = st
-                .objects
-                .get_mut(kind)
-                .and_then(|m| m.remove(&(namespace.to_owned(), name.to_owned())));
-            if let Some(Stored {
-                value: mut object, ..
-            }) = removed
-            {
-                st.rv += 1;
-                let rv = st.rv;
-                object["metadata"]["resourceVersion"] = json!(rv.to_string());
-                st.events.push(WatchEvent {
-                    rv,
-                    kind: kind.to_owned(),
-                    event: "DELETED",
-                    object,
-                });
-            }
-        }
+        self.state.lock().unwrap().delete(kind, namespace, name);
         self.notify();
+    }
+
+    /// The `nth` (from 1) list request that carries a `continue` token is
+    /// answered 410 Expired, as when the list's revision was compacted
+    /// between two pages, and `deleted` (kind, namespace, name) is deleted
+    /// just before: the client must list again and drop what it no longer
+    /// finds.
+    pub fn expire_continue(&self, nth: u64, deleted: (&str, &str, &str)) {
+        let (kind, ns, name) = deleted;
+        self.state.lock().unwrap().expire_continue =
+            Some((nth, (kind.to_owned(), ns.to_owned(), name.to_owned())));
     }
 
     /// Ends every open watch stream (clients re-watch from their last rv).
@@ -524,7 +557,15 @@ fn handle(
                 );
             }
         };
-        let st = state.lock().unwrap();
+        let mut st = state.lock().unwrap();
+        if after.is_some() && st.expires_continue() {
+            drop(st);
+            changed.send_modify(|g| *g += 1);
+            return full(
+                StatusCode::GONE,
+                status_body(410, "Expired", "the continue token has expired"),
+            );
+        }
         let rv = rv.unwrap_or(st.rv);
         let mut page: Vec<(&(String, String), &Stored)> = match (st.objects.get(kind), &after) {
             (None, _) => Vec::new(),
