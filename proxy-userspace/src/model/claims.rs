@@ -127,7 +127,13 @@ pub struct Claims {
 impl Claims {
     /// The claims of every service of `state`.
     pub fn of(state: &LocalState) -> Self {
-        let mut claims = Claims::default();
+        // Sized up front (a frontend or more per service): growing two
+        // tables of 50,000 by doubling holds the old and the new at once.
+        let mut claims = Claims {
+            claimants: HashMap::with_capacity(state.services.len()),
+            by_service: HashMap::with_capacity(state.services.len()),
+            lost: 0,
+        };
         for se in &state.services {
             claims.update(&se.service.key, Some(&se.service));
         }

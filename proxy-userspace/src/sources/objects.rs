@@ -280,7 +280,9 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
         (_, Some(ip)) => vec![ip.clone()],
         _ => Vec::new(),
     };
-    let mut cluster_ips = Vec::new();
+    // Sized as given: one or two addresses, not the four a first push
+    // reserves (50,000 services).
+    let mut cluster_ips = Vec::with_capacity(raw_cluster_ips.len());
     for (i, ip) in raw_cluster_ips.iter().enumerate() {
         if ip.is_empty() || ip == "None" {
             continue;

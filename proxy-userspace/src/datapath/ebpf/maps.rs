@@ -224,6 +224,7 @@ impl KernelMaps {
     pub fn read_view(&self) -> Result<Programmed, EbpfError> {
         let mut view = Programmed::default();
         self.for_each_entry(|entry| view.add_entry(entry))?;
+        view.finish_load();
         Ok(view)
     }
 

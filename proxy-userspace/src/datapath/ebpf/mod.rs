@@ -330,6 +330,11 @@ impl EbpfDatapath {
     fn own(&mut self, d: &DesiredService) {
         let vips = self.owned.entry(d.owner.clone()).or_default();
         if !vips.contains(&d.vip) {
+            // Most services have one VIP: room for one, not the four a
+            // first push reserves (50,000 services).
+            if vips.capacity() == 0 {
+                vips.reserve_exact(1);
+            }
             vips.push(d.vip);
         }
     }

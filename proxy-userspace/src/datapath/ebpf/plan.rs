@@ -97,13 +97,31 @@ pub enum Entry {
 }
 
 impl Programmed {
-    /// Adds an entry read back from the kernel (in any order).
+    /// Adds an entry read back from the kernel (in any order; backends
+    /// before the services that use them, as [`super::maps`] reads them).
+    /// [`Programmed::finish_load`] ends the load.
     pub fn add_entry(&mut self, entry: Entry) {
         match entry {
-            Entry::Backend(id, addr) => self.put_backend(id, addr),
-            Entry::Service(vip, 0, value) => self.put_header(vip, Header::from_value(&value)),
-            Entry::Service(vip, slot, value) => self.put_slot(vip, slot, value.backend_id),
+            Entry::Backend(id, addr) => {
+                // Sorted and indexed all at once (the map's order is its
+                // hash order): one sort, not a shift per backend.
+                self.backends.load_unordered(id, addr);
+                self.unreferenced.insert(id);
+                self.next_backend_id = self.next_backend_id.max(id.saturating_add(1));
+            }
+            Entry::Service(vip, slot, value) => {
+                self.backends.finish_load();
+                match slot {
+                    0 => self.put_header(vip, Header::from_value(&value)),
+                    _ => self.put_slot(vip, slot, value.backend_id),
+                }
+            }
         }
+    }
+
+    /// Ends a load of entries read back from the kernel.
+    pub fn finish_load(&mut self) {
+        self.backends.finish_load();
     }
 
     /// Whether the view has this entry, as it is.
@@ -132,6 +150,7 @@ impl Programmed {
             .into_iter()
             .map(|(v, s, x)| Entry::Service(v, s, x));
         backends.chain(services).for_each(|e| p.add_entry(e));
+        p.finish_load();
         p
     }
 
