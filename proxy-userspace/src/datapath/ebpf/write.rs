@@ -30,7 +30,7 @@ type Services = [Arc<ServiceEndpoints>];
 /// Services planned and written together in a chunked full sync: a few MB
 /// of desired services and ops, and still long runs for the kernel's batch
 /// calls.
-pub(super) const SERVICES_PER_CHUNK: usize = 8_192;
+pub(super) const SERVICES_PER_CHUNK: usize = 4_096;
 
 /// Chunks of desired services computed ahead of the one being written.
 const CHUNKS_AHEAD: usize = 1;
