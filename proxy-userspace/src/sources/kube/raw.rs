@@ -93,12 +93,13 @@ impl<'de, K: Watched> serde::de::Visitor<'de> for ObjectVisitor<K> {
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut fields = serde_json::Map::new();
-        while let Some(key) = map.next_key::<String>()? {
+        while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
             if key == RAW_VALUE && fields.is_empty() {
-                let text: String = map.next_value()?;
+                // The list's own text, borrowed: no copy per object.
+                let Text(text) = map.next_value()?;
                 return RawObject::from_text(&text).map_err(serde::de::Error::custom);
             }
-            fields.insert(key, map.next_value()?);
+            fields.insert(key.into_owned(), map.next_value()?);
         }
         Ok(RawObject::general(serde_json::Value::Object(fields)))
     }
@@ -108,6 +109,37 @@ impl<'de, K: Watched> serde::de::Visitor<'de> for ObjectVisitor<K> {
         d: D,
     ) -> Result<Self::Value, D::Error> {
         serde_json::Value::deserialize(d).map(RawObject::general)
+    }
+}
+
+/// A string borrowed from the text being read when the deserializer can
+/// lend it (serde_json reading a `&str`, as kube-rs does), owned
+/// otherwise. (`Cow<str>`'s own `Deserialize` always copies.)
+struct Text<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Text<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(s)))
+            }
+
+            fn visit_str<E>(self, s: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(s.to_owned())))
+            }
+
+            fn visit_string<E>(self, s: String) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(s)))
+            }
+        }
+        d.deserialize_str(V)
     }
 }
 
