@@ -123,7 +123,8 @@ impl BackendTable {
     /// Adds a backend read back from the kernel map, in the map's (hash)
     /// order and without indexing it: [`BackendTable::finish_load`] sorts
     /// and indexes them all at once, before anything else uses the table.
-    pub fn load_unordered(&mut self, id: u32, addr: BackendAddr) {
+    /// Returns whether no slot counted so far refers to it.
+    pub fn load_unordered(&mut self, id: u32, addr: BackendAddr) -> bool {
         self.loading = true;
         self.by_id.push(Backend {
             id,
@@ -131,6 +132,7 @@ impl BackendTable {
             refs: 0,
             gone: false,
         });
+        !self.orphan_refs.contains_key(&id)
     }
 
     /// Ends a load: ids sorted (a repeated id keeps its last address and

@@ -97,16 +97,18 @@ pub enum Entry {
 }
 
 impl Programmed {
-    /// Adds an entry read back from the kernel (in any order; backends
-    /// before the services that use them, as [`super::maps`] reads them).
+    /// Adds an entry read back from the kernel (in any order; reading the
+    /// backends first, as [`super::maps`] does, sorts them once).
     /// [`Programmed::finish_load`] ends the load.
     pub fn add_entry(&mut self, entry: Entry) {
         match entry {
             Entry::Backend(id, addr) => {
                 // Sorted and indexed all at once (the map's order is its
                 // hash order): one sort, not a shift per backend.
-                self.backends.load_unordered(id, addr);
-                self.unreferenced.insert(id);
+                // A slot read before it already counts (and is kept).
+                if self.backends.load_unordered(id, addr) {
+                    self.unreferenced.insert(id);
+                }
                 self.next_backend_id = self.next_backend_id.max(id.saturating_add(1));
             }
             Entry::Service(vip, slot, value) => {

@@ -460,6 +460,27 @@ fn adopted_view_reconciles_without_rewriting_what_is_right() {
     }
 }
 
+/// Entries read back in any order: a slot read before its backend still
+/// counts, so the backend is not collected as unused.
+#[test]
+fn a_backend_read_after_its_slot_is_not_collected() {
+    let mut k = FakeKernel::default();
+    let mut old = Programmed::default();
+    let d = desired("10.96.0.10:80", &["10.0.0.1:80"], None);
+    sync(&mut k, &mut old, vec![Change::Upsert(&d)]);
+    let mut view = Programmed::default();
+    for (key, v) in &k.services {
+        let (vip, slot) = Vip::from_key(key).unwrap();
+        view.add_entry(Entry::Service(vip, slot, *v));
+    }
+    for (id, b) in &k.backends {
+        view.add_entry(Entry::Backend(*id, BackendAddr::from_value(b).unwrap()));
+    }
+    view.finish_load();
+    assert_eq!(view.backend_count(), 1);
+    assert_eq!(plan_gc(&view), vec![], "its one slot refers to it");
+}
+
 #[test]
 fn stable_slots_keep_positions() {
     assert_eq!(stable_slots(&[1, 2, 3], &[1, 2, 3]), vec![1, 2, 3]);
