@@ -11,32 +11,46 @@ use common::Daemon;
 use ebpf_kube_proxy::localnet::client;
 use serde_json::json;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_services_with_ten_thousand_endpoints_sync_within_two_seconds() {
-    let api = FakeApiServer::start().await;
-    for i in 0..1000u32 {
+/// Services `svc-0000` … of namespace `bulk`, 250 per /24 from 10.96.0.1;
+/// `with_slice(i, name)` may add each one's EndpointSlice.
+fn bulk_services(api: &FakeApiServer, count: u32, with_slice: impl Fn(u32, &str)) {
+    for i in 0..count {
         let name = format!("svc-{i:04}");
         api.apply(service(
             "bulk",
             &name,
             &format!("10.96.{}.{}", i / 250, i % 250 + 1),
         ));
-        let ips: Vec<String> = (0..10u32)
-            .map(|j| format!("10.{}.{}.{}", 100 + i / 250, i % 250, j + 1))
-            .collect();
-        api.apply(slice("bulk", &name, &ips));
+        with_slice(i, &name);
     }
     api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
-    let started = Instant::now();
+}
+
+/// A daemon on `api` and its first published state (within `wait`).
+async fn first_state(api: &FakeApiServer, wait: Duration) -> (Daemon, client::State) {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
     let d = Daemon::start_kube(dir, &kubeconfig, &[]);
     let mut c = d.tcp().await;
-    let s = tokio::time::timeout(Duration::from_secs(10), client::next(&mut c, 0, 0))
+    let s = tokio::time::timeout(wait, client::next(&mut c, 0, 0))
         .await
-        .expect("a state within 10 s")
+        .unwrap_or_else(|_| panic!("a state within {wait:?}"))
         .unwrap();
+    (d, s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_services_with_ten_thousand_endpoints_sync_within_two_seconds() {
+    let api = FakeApiServer::start().await;
+    bulk_services(&api, 1000, |i, name| {
+        let ips: Vec<String> = (0..10u32)
+            .map(|j| format!("10.{}.{}.{}", 100 + i / 250, i % 250, j + 1))
+            .collect();
+        api.apply(slice("bulk", name, &ips));
+    });
+    let started = Instant::now();
+    let (_d, s) = first_state(&api, Duration::from_secs(10)).await;
     let took = started.elapsed();
     assert_eq!(
         s.services.len(),
@@ -56,26 +70,10 @@ async fn a_thousand_services_with_ten_thousand_endpoints_sync_within_two_seconds
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_list_restarted_part_way_drops_what_vanished_meanwhile() {
     let api = FakeApiServer::start().await;
-    for i in 0..2500u32 {
-        let name = format!("svc-{i:04}");
-        api.apply(service(
-            "bulk",
-            &name,
-            &format!("10.96.{}.{}", i / 250, i % 250 + 1),
-        ));
-    }
-    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    bulk_services(&api, 2500, |_, _| {});
     // Pages of 500: the third page's request is the second continued one.
     api.expire_continue(2, ("Service", "bulk", "svc-0007"));
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
-    let d = Daemon::start_kube(dir, &kubeconfig, &[]);
-    let mut c = d.tcp().await;
-    let s = tokio::time::timeout(Duration::from_secs(20), client::next(&mut c, 0, 0))
-        .await
-        .expect("a state within 20 s")
-        .unwrap();
+    let (_d, s) = first_state(&api, Duration::from_secs(20)).await;
     let names: std::collections::BTreeSet<String> = s
         .services
         .iter()

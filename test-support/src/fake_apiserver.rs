@@ -567,22 +567,19 @@ fn handle(
             );
         }
         let rv = rv.unwrap_or(st.rv);
-        let mut page: Vec<(&(String, String), &Stored)> = match (st.objects.get(kind), &after) {
-            (None, _) => Vec::new(),
-            (Some(m), None) => m
-                .iter()
-                .filter(|(_, o)| matches(&o.value))
-                .take(limit.saturating_add(1))
-                .collect(),
-            (Some(m), Some(key)) => m
-                .range::<(String, String), _>((
-                    std::ops::Bound::Excluded(key),
-                    std::ops::Bound::Unbounded,
-                ))
-                .filter(|(_, o)| matches(&o.value))
-                .take(limit.saturating_add(1))
-                .collect(),
-        };
+        // From after the last object sent, one more than a page (to know
+        // whether another follows).
+        let from = after
+            .as_ref()
+            .map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        let mut page: Vec<(&(String, String), &Stored)> = st
+            .objects
+            .get(kind)
+            .into_iter()
+            .flat_map(|m| m.range::<(String, String), _>((from, std::ops::Bound::Unbounded)))
+            .filter(|(_, o)| matches(&o.value))
+            .take(limit.saturating_add(1))
+            .collect();
         let mut metadata = json!({"resourceVersion": rv.to_string()});
         if page.len() > limit {
             page.truncate(limit);

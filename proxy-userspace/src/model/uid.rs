@@ -19,8 +19,14 @@ pub enum Uid {
     Other(Box<str>),
 }
 
-/// Where the hyphens of the canonical form are.
-const HYPHENS: [usize; 4] = [8, 13, 18, 23];
+/// The bytes a hyphen comes before in the canonical form (8-4-4-4-12
+/// digits: bytes 4, 6, 8 and 10).
+const GROUP_STARTS: [usize; 4] = [4, 6, 8, 10];
+
+/// Where byte `i`'s two digits start in the canonical form.
+fn digits_at(i: usize) -> usize {
+    2 * i + GROUP_STARTS.iter().filter(|&&g| g <= i).count()
+}
 
 impl Uid {
     pub fn new(text: &str) -> Uid {
@@ -33,7 +39,7 @@ impl Uid {
 
 fn canonical_uuid(text: &[u8]) -> Option<[u8; 16]> {
     let text: &[u8; 36] = text.try_into().ok()?;
-    if HYPHENS.iter().any(|&i| text[i] != b'-') {
+    if GROUP_STARTS.iter().any(|&g| text[digits_at(g) - 1] != b'-') {
         return None;
     }
     let nibble = |c: u8| match c {
@@ -43,15 +49,7 @@ fn canonical_uuid(text: &[u8]) -> Option<[u8; 16]> {
     };
     let mut out = [0u8; 16];
     for (i, byte) in out.iter_mut().enumerate() {
-        // Byte i's two digits come after the hyphens before them.
-        let hyphens = match i {
-            0..=3 => 0,
-            4..=5 => 1,
-            6..=7 => 2,
-            8..=9 => 3,
-            _ => 4,
-        };
-        let at = 2 * i + hyphens;
+        let at = digits_at(i);
         *byte = nibble(text[at])? << 4 | nibble(text[at + 1])?;
     }
     Some(out)
@@ -62,7 +60,7 @@ impl fmt::Display for Uid {
         match self {
             Uid::Uuid(b) => {
                 for (i, byte) in b.iter().enumerate() {
-                    if matches!(i, 4 | 6 | 8 | 10) {
+                    if GROUP_STARTS.contains(&i) {
                         f.write_str("-")?;
                     }
                     write!(f, "{byte:02x}")?;

@@ -390,8 +390,9 @@ pub async fn run(
                     }
                     let known = known.entry(resource).or_default();
                     for o in &objects {
-                        known.insert(o.object_ref());
-                        listed.insert(o.object_ref());
+                        let r = o.object_ref();
+                        listed.insert(r.clone());
+                        known.insert(r);
                     }
                     changes.extend(objects.into_iter().map(Change::Upsert));
                 }
