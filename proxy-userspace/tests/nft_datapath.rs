@@ -203,8 +203,9 @@ fn the_kernel_holds_the_rules_we_wrote() {
         v6.service.key.name = "web6".into();
         v6.service.cluster_ips =
             ebpf_kube_proxy::model::IpSet::from_ips(&["fd00:10:96::10".parse().unwrap()]);
-        std::sync::Arc::make_mut(&mut v6.endpoints[0].ports)[0].protocol =
-            ebpf_kube_proxy::model::Protocol::Udp;
+        v6.endpoints[0]
+            .ports
+            .modify(|p| p[0].protocol = ebpf_kube_proxy::model::Protocol::Udp);
         v6.service.ports[0].protocol = ebpf_kube_proxy::model::Protocol::Udp;
         let state = LocalState::new([v4, v6]);
         let cidrs: Vec<Cidr> = vec!["10.244.0.0/16".parse().unwrap()];
@@ -287,13 +288,9 @@ fn affinity_survives_a_restart_and_a_refusal_names_the_command() {
             vec![],
             vec![expr::Stmt::Verdict(Verdict::Jump("no-such-chain".into()))],
         );
-        b.add_rule(
-            f.nfproto_u8(),
-            TABLE,
-            "services",
-            &bad.encode(f),
-            &bad.text(f),
-        );
+        b.add_rule(f.nfproto_u8(), TABLE, "services", &bad.encode(f), || {
+            bad.text(f)
+        });
         let err = nft::commit(f, b).unwrap_err().to_string();
         assert!(
             err.contains("add rule services jump no-such-chain"),
@@ -348,8 +345,8 @@ fn udp_conntrack_entries_of_gone_endpoints_are_deleted() {
             let mut se = web(eps, None);
             se.service.ports[0].protocol = ebpf_kube_proxy::model::Protocol::Udp;
             for ep in &mut se.endpoints {
-                std::sync::Arc::make_mut(&mut ep.ports)[0].protocol =
-                    ebpf_kube_proxy::model::Protocol::Udp;
+                ep.ports
+                    .modify(|p| p[0].protocol = ebpf_kube_proxy::model::Protocol::Udp);
             }
             LocalState::new([se])
         };

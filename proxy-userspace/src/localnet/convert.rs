@@ -157,10 +157,10 @@ fn endpoint(e: &model::LocalEndpoint) -> pb::Endpoint {
             })
             .collect(),
         target_ref: target_ref.as_ref().map(|r| pb::TargetRef {
-            kind: r.kind.to_string(),
-            namespace: r.namespace.to_string(),
-            name: r.name.to_string(),
-            uid: r.uid.to_string(),
+            kind: r.kind().to_string(),
+            namespace: r.namespace().to_string(),
+            name: r.name().to_owned(),
+            uid: r.uid().to_string(),
         }),
     }
 }

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::intern::ArcStr;
-use super::uid::Uid;
+use super::target_ref::TargetRef;
 
 /// Namespace and name of a namespaced object; orders like kube-proxy's
 /// `NamespacedName` (namespace first).
@@ -199,17 +199,6 @@ pub struct EndpointSlicePort {
     pub app_protocol: Option<String>,
 }
 
-/// `endpoints[].targetRef`: one per endpoint, so kept compact (the kind
-/// and namespace shared, the name in a box of its own length, the uid as
-/// [`Uid`]): about 110 bytes where two `String`s took 180.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct TargetRef {
-    pub kind: ArcStr,
-    pub namespace: ArcStr,
-    pub name: Box<str>,
-    pub uid: Uid,
-}
-
 /// `endpoints[].hints`, also as published per endpoint.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct EndpointHints {
@@ -235,7 +224,7 @@ pub struct Endpoint {
     /// endpoint.
     pub hints: Option<Arc<EndpointHints>>,
     /// Shared with the published endpoints.
-    pub target_ref: Option<Arc<TargetRef>>,
+    pub target_ref: Option<TargetRef>,
 }
 
 impl Endpoint {

@@ -18,8 +18,8 @@ use super::cluster::{
 };
 use super::intern::ArcStr;
 use super::local::{
-    EndpointConditions, EndpointPort, EndpointScopes, IpSet, LocalEndpoint, LocalService,
-    LocalServiceType, LocalState, PortMapping, ServiceEndpoints,
+    EndpointConditions, EndpointPort, EndpointPorts, EndpointScopes, IpSet, LocalEndpoint,
+    LocalService, LocalServiceType, LocalState, PortMapping, ServiceEndpoints,
 };
 
 /// Facts about this node that the selection needs.
@@ -552,16 +552,16 @@ fn local_endpoint(
 struct SharedPorts {
     scratch: Vec<EndpointPort>,
     /// The distinct lists seen so far; a service has few.
-    seen: Vec<Arc<[EndpointPort]>>,
+    seen: Vec<EndpointPorts>,
 }
 
 impl SharedPorts {
     /// The shared slice equal to `scratch`.
-    fn take(&mut self) -> Arc<[EndpointPort]> {
+    fn take(&mut self) -> EndpointPorts {
         if let Some(p) = self.seen.iter().find(|p| p[..] == self.scratch[..]) {
             return p.clone();
         }
-        let p: Arc<[EndpointPort]> = Arc::from(self.scratch.as_slice());
+        let p = EndpointPorts::from(self.scratch.as_slice());
         // Bounded: a pathological service does not get a quadratic scan.
         if self.seen.len() < 8 {
             self.seen.push(p.clone());

@@ -12,6 +12,7 @@ pub mod compute;
 pub mod incremental;
 pub mod intern;
 pub mod local;
+pub mod target_ref;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod uid;
@@ -21,4 +22,5 @@ pub use compute::{compute, NodeContext};
 pub use incremental::{Model, Recomputed};
 pub use intern::{intern, ArcStr};
 pub use local::*;
+pub use target_ref::TargetRef;
 pub use uid::Uid;

@@ -489,7 +489,7 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
         endpoints.reserve_exact(slice_endpoints.len());
         // The previous endpoint's pod reference, whose strings the next
         // one most likely repeats.
-        let mut prev_ref: Option<Arc<TargetRef>> = None;
+        let mut prev_ref: Option<TargetRef> = None;
         for (i, ep) in slice_endpoints.into_iter().enumerate() {
             // Named only when refused: a quarter of a million endpoints.
             let field = |rest: &str| format!("endpoints[{i}]{rest}");
@@ -531,19 +531,19 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
                     .filter(|h| !h.for_zones.is_empty() || !h.for_nodes.is_empty())
                     .map(Arc::new),
                 target_ref: ep.target_ref.map(|r| {
-                    let prev = prev_ref.as_deref();
-                    let r = Arc::new(TargetRef {
-                        kind: intern_like(
-                            prev.map(|p| &p.kind),
+                    let prev = prev_ref.as_ref();
+                    let r = TargetRef::new(
+                        intern_like(
+                            prev.map(TargetRef::kind),
                             r.kind.as_deref().unwrap_or_default(),
                         ),
-                        namespace: intern_like(
-                            prev.map(|p| &p.namespace),
+                        intern_like(
+                            prev.map(TargetRef::namespace),
                             r.namespace.as_deref().unwrap_or_default(),
                         ),
-                        name: r.name.unwrap_or_default().into_boxed_str(),
-                        uid: Uid::new(r.uid.as_deref().unwrap_or_default()),
-                    });
+                        r.name.as_deref().unwrap_or_default(),
+                        Uid::new(r.uid.as_deref().unwrap_or_default()),
+                    );
                     prev_ref = Some(r.clone());
                     r
                 }),

@@ -42,6 +42,8 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+use smallvec::SmallVec;
+
 use crate::model::{LocalState, ObjectKey};
 
 use super::{
@@ -189,8 +191,9 @@ pub struct EbpfDatapath {
     ifaces: Vec<NodeIface>,
     node_ips: Vec<IpAddr>,
     view: Programmed,
-    /// The VIPs each service has programmed (those it owns).
-    owned: HashMap<ObjectKey, Vec<Vip>>,
+    /// The VIPs each service has programmed (those it owns); most
+    /// services have one, kept inline.
+    owned: HashMap<ObjectKey, SmallVec<[Vip; 1]>>,
     /// `--bpffs-root`, where the maps are pinned.
     root: PathBuf,
     /// Where the programs attach, to attach them again.
@@ -330,11 +333,6 @@ impl EbpfDatapath {
     fn own(&mut self, d: &DesiredService) {
         let vips = self.owned.entry(d.owner.clone()).or_default();
         if !vips.contains(&d.vip) {
-            // Most services have one VIP: room for one, not the four a
-            // first push reserves (50,000 services).
-            if vips.capacity() == 0 {
-                vips.reserve_exact(1);
-            }
             vips.push(d.vip);
         }
     }

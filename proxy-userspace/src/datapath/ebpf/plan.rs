@@ -23,6 +23,7 @@ use std::collections::BTreeSet;
 // keys are small.
 use hashbrown::{HashMap, HashSet};
 use proxy_common::{ServiceValue, MAX_BACKENDS_PER_SERVICE};
+use smallvec::SmallVec;
 
 use super::backend_table::BackendTable;
 use super::codec::{BackendAddr, Header, Vip};
@@ -32,8 +33,9 @@ use super::desired::DesiredService;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProgrammedService {
     pub header: Option<Header>,
-    /// `slots[i]` is the backend id in slot `i + 1`; 0 = no entry.
-    pub slots: Vec<u32>,
+    /// `slots[i]` is the backend id in slot `i + 1`; 0 = no entry. Up to
+    /// four inline: the size of a `Vec`, without its heap block.
+    pub slots: SmallVec<[u32; 4]>,
 }
 
 /// The writer's view of the kernel maps. It changes only through

@@ -134,6 +134,10 @@ pub struct SetSpec {
     pub data: Option<(u32, u32)>,
 }
 
+/// How many of a batch's first commands keep a rule's nft text in their
+/// description (see [`Batch::add_rule`]).
+pub const RULES_DESCRIBED_IN_FULL: usize = 64;
+
 /// One nf_tables transaction. Each message keeps a one-line description
 /// so a rejected batch names the failing part.
 pub struct Batch {
@@ -323,18 +327,28 @@ impl Batch {
     }
 
     /// Appends a rule; `exprs` holds its encoded expression list and
-    /// `text` its nft form for error messages.
-    pub fn add_rule(&mut self, family: u8, table: &str, chain: &str, exprs: &Attrs, text: &str) {
+    /// `text` gives its nft form for the description. Only the first
+    /// [`RULES_DESCRIBED_IN_FULL`] commands of a batch keep a rule's text;
+    /// a later rule is described by its chain (at 50,000 services the
+    /// texts were 10 MiB held through the commit, for error reports that
+    /// name the chain and carry the kernel's reason anyway).
+    pub fn add_rule(
+        &mut self,
+        family: u8,
+        table: &str,
+        chain: &str,
+        exprs: &Attrs,
+        text: impl FnOnce() -> String,
+    ) {
         let mut a = Attrs::default();
         a.str(1, table).str(2, chain);
         a.nest(4, |l| l.buf.extend_from_slice(&exprs.buf));
-        self.msg(
-            NEWRULE,
-            NLM_F_CREATE | NLM_F_APPEND,
-            family,
-            a,
-            format!("add rule {chain} {text}"),
-        );
+        let what = if self.len() < RULES_DESCRIBED_IN_FULL {
+            format!("add rule {chain} {}", text())
+        } else {
+            format!("add rule {chain}")
+        };
+        self.msg(NEWRULE, NLM_F_CREATE | NLM_F_APPEND, family, a, what);
     }
 
     pub fn add_set(&mut self, family: u8, table: &str, set: &SetSpec) {

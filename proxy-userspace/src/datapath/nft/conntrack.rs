@@ -551,7 +551,7 @@ mod tests {
     fn udp(mut se: ServiceEndpoints) -> ServiceEndpoints {
         se.service.ports[0].protocol = Protocol::Udp;
         for ep in &mut se.endpoints {
-            std::sync::Arc::make_mut(&mut ep.ports)[0].protocol = Protocol::Udp;
+            ep.ports.modify(|p| p[0].protocol = Protocol::Udp);
         }
         se
     }

@@ -137,7 +137,7 @@ fn hairpin_element(ip: IpAddr) -> Element {
 /// Adds `rules` to `chain`.
 fn add_rules(batch: &mut Batch, f: Family, chain: &str, rules: &[expr::Rule]) {
     for r in rules {
-        batch.add_rule(f.nfproto_u8(), TABLE, chain, &r.encode(f), &r.text(f));
+        batch.add_rule(f.nfproto_u8(), TABLE, chain, &r.encode(f), || r.text(f));
     }
 }
 
@@ -166,8 +166,8 @@ fn describe(map: &str, keys: &[String], total: usize) -> String {
 }
 
 /// How many commands of the last transaction [`NftDatapath::last_transaction`]
-/// keeps.
-pub const LAST_TRANSACTION_KEPT: usize = 64;
+/// keeps: those whose rules are described in full.
+pub const LAST_TRANSACTION_KEPT: usize = batch::RULES_DESCRIBED_IN_FULL;
 
 /// `kubeproxy_sync_proxy_rules_nftables_*` (SPEC §5.1), nftables mode only.
 #[derive(Clone, Debug)]

@@ -392,12 +392,12 @@ pub(super) fn cases() -> Vec<Case> {
                     .host("pod-1")
                     .hz(&["b"])
                     .with(|e| {
-                        e.target_ref = Some(Arc::new(TargetRef {
-                            kind: "Pod".into(),
-                            namespace: NS.into(),
-                            name: "pod-1".into(),
-                            uid: crate::model::Uid::new("u1"),
-                        }))
+                        e.target_ref = Some(TargetRef::new(
+                            "Pod".into(),
+                            NS.into(),
+                            "pod-1",
+                            crate::model::Uid::new("u1"),
+                        ))
                     }),
                 ep("10.1.0.2"),
             ])],
@@ -408,7 +408,7 @@ pub(super) fn cases() -> Vec<Case> {
                     ("pod-1", "n2", "b")
                 );
                 assert_eq!(e.hints.for_zones, ["b"]);
-                assert_eq!(e.target_ref.as_ref().map(|t| &*t.name), Some("pod-1"));
+                assert_eq!(e.target_ref.as_ref().map(TargetRef::name), Some("pod-1"));
                 let e = endpoint(s, "web", "10.1.0.2");
                 assert_eq!(
                     (e.hostname.as_str(), e.node_name.as_str(), e.zone.as_str()),

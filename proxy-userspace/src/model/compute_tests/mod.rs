@@ -7,9 +7,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use super::super::cluster::{
-    EndpointHints, EndpointSlicePort, Labels, LoadBalancerIngress, ObjectKey, Protocol, TargetRef,
+    EndpointHints, EndpointSlicePort, Labels, LoadBalancerIngress, ObjectKey, Protocol,
     DEFAULT_AFFINITY_TIMEOUT_SECONDS, LABEL_ZONE,
 };
+use super::super::target_ref::TargetRef;
 use super::*;
 
 use Protocol::{Tcp, Udp};

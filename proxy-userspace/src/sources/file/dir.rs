@@ -16,6 +16,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::manifest::{parse_manifest, read_manifest, ManifestError};
 use super::FileSourceError;
 use crate::model::{Change, Object, ObjectRef};
@@ -68,6 +70,9 @@ struct Def {
     file: Arc<Path>,
     hash: u64,
 }
+
+/// The definitions of one object.
+type Defs = SmallVec<[Def; 1]>;
 
 /// What reading some files changed.
 #[derive(Debug, Default)]
@@ -202,7 +207,8 @@ pub struct ManifestDir {
     dir: PathBuf,
     files: BTreeMap<Arc<Path>, FileEntry>,
     /// Per object, the files defining it in path order: the last one wins.
-    defs: HashMap<Arc<ObjectRef>, Vec<Def>>,
+    /// Nearly every object has one, kept inline.
+    defs: HashMap<Arc<ObjectRef>, Defs>,
     /// The read error last reported per path (the directory included), so
     /// a file that stays unreadable is reported once, not at every rescan.
     unreadable: BTreeMap<PathBuf, String>,
@@ -518,8 +524,6 @@ impl ManifestDir {
                 .or_insert_with(|| winner(&self.defs, r));
             let defs = self.defs.entry(r.clone()).or_default();
             let at = defs.partition_point(|d| d.file < *file);
-            // Room for one more, not four: most objects have one file.
-            defs.reserve_exact(1);
             if !defs.is_empty() && !old_refs.contains(r) {
                 let others: Vec<String> =
                     defs.iter().map(|d| d.file.display().to_string()).collect();
@@ -555,7 +559,7 @@ impl ManifestDir {
     }
 }
 
-fn winner(defs: &HashMap<Arc<ObjectRef>, Vec<Def>>, r: &ObjectRef) -> Option<(Arc<Path>, u64)> {
+fn winner(defs: &HashMap<Arc<ObjectRef>, Defs>, r: &ObjectRef) -> Option<(Arc<Path>, u64)> {
     defs.get(r)
         .and_then(|d| d.last())
         .map(|d| (d.file.clone(), d.hash))

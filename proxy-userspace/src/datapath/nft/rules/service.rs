@@ -565,9 +565,9 @@ pub(in crate::datapath::nft) mod tests {
             None,
         );
         // On another node: not for outside traffic with eTP=Local.
-        std::sync::Arc::make_mut(&mut se.endpoints[1].ports)[0]
-            .scopes
-            .external = false;
+        se.endpoints[1]
+            .ports
+            .modify(|p| p[0].scopes.external = false);
         se.service.ports[0].node_port = 30080;
         se.service.external_traffic_policy = TrafficPolicy::Local;
         let cidr: Cidr = "10.244.0.0/16".parse().unwrap();
@@ -600,9 +600,9 @@ pub(in crate::datapath::nft) mod tests {
         let mut se = web(vec![endpoint("10.244.2.12", true)], None);
         se.service.ports[0].node_port = 30080;
         se.service.external_traffic_policy = TrafficPolicy::Local;
-        std::sync::Arc::make_mut(&mut se.endpoints[0].ports)[0]
-            .scopes
-            .external = false;
+        se.endpoints[0]
+            .ports
+            .modify(|p| p[0].scopes.external = false);
         let objs = objects(&se, Family::V4, &[], false);
         assert_eq!(
             objs.elements[&(
