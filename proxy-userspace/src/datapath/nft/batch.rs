@@ -134,16 +134,24 @@ pub struct SetSpec {
     pub data: Option<(u32, u32)>,
 }
 
-/// How many of a batch's first commands keep a rule's nft text in their
-/// description (see [`Batch::add_rule`]).
-pub const RULES_DESCRIBED_IN_FULL: usize = 64;
+/// How many of a batch's first commands keep a description as they were
+/// added (a rule with its nft text, an element list with its first keys):
+/// the ones [`Batch::descriptions`] gives. A later command that the kernel
+/// rejects is described from its own bytes ([`describe_message`]: what it
+/// does to which chain, set or map). At 50,000 services the texts of all
+/// 100,000 commands were 10 MiB held through the commit, on top of the
+/// transaction.
+pub const COMMANDS_DESCRIBED: usize = 64;
 
-/// One nf_tables transaction. Each message keeps a one-line description
-/// so a rejected batch names the failing part.
+/// One nf_tables transaction. Its first [`COMMANDS_DESCRIBED`] messages
+/// keep a one-line description, the others are described from their
+/// bytes, so a rejected batch names the failing part.
 pub struct Batch {
     buf: Vec<u8>,
     seq: u32,
     first_seq: u32,
+    /// Messages, begin included.
+    messages: usize,
     descriptions: Descriptions,
     set_id: u32,
 }
@@ -161,10 +169,6 @@ impl Descriptions {
     fn push(&mut self, line: &str) {
         self.text.push_str(line);
         self.ends.push(self.text.len());
-    }
-
-    fn len(&self) -> usize {
-        self.ends.len()
     }
 
     fn get(&self, i: usize) -> Option<&str> {
@@ -190,6 +194,7 @@ impl Batch {
             buf: Vec::new(),
             seq: first_seq,
             first_seq,
+            messages: 0,
             descriptions: Descriptions::default(),
             set_id: 1,
         };
@@ -199,7 +204,7 @@ impl Batch {
 
     /// The number of commands in the batch (begin/end excluded).
     pub fn len(&self) -> usize {
-        self.descriptions.len() - 1
+        self.messages - 1
     }
 
     /// The size of the batch's messages in bytes.
@@ -211,10 +216,21 @@ impl Batch {
         self.len() == 0
     }
 
-    /// What each command does (`add rule …`, `delete element …`), begin
-    /// and end left out.
+    /// What each of the first [`COMMANDS_DESCRIBED`] commands does
+    /// (`add rule …`, `delete element …`), begin and end left out.
     pub fn descriptions(&self) -> impl Iterator<Item = &str> {
-        (1..=self.len()).filter_map(|i| self.descriptions.get(i))
+        (1..=self.len()).map_while(|i| self.descriptions.get(i))
+    }
+
+    /// What message `index` (0: begin) does: as added, or read back from
+    /// its bytes past the first [`COMMANDS_DESCRIBED`] commands.
+    fn describe(&self, index: usize) -> Option<String> {
+        if let Some(what) = self.descriptions.get(index) {
+            return Some(what.to_owned());
+        }
+        let seq = self.first_seq.wrapping_add(u32::try_from(index).ok()?);
+        let (kind, _, _, payload) = messages(&self.buf).into_iter().find(|m| m.2 == seq)?;
+        Some(describe_message(kind, payload))
     }
 
     fn header(&mut self, kind: u16, flags: u16, family: u8, attrs: &[u8], what: &str) {
@@ -225,7 +241,10 @@ impl Batch {
         };
         push_message(&mut self.buf, kind, flags, self.seq, family, res_id, attrs);
         self.seq = self.seq.wrapping_add(1);
-        self.descriptions.push(what);
+        self.messages += 1;
+        if self.messages <= COMMANDS_DESCRIBED + 1 {
+            self.descriptions.push(what);
+        }
     }
 
     fn msg(&mut self, kind: u16, flags: u16, family: u8, attrs: Attrs, what: String) {
@@ -327,11 +346,8 @@ impl Batch {
     }
 
     /// Appends a rule; `exprs` holds its encoded expression list and
-    /// `text` gives its nft form for the description. Only the first
-    /// [`RULES_DESCRIBED_IN_FULL`] commands of a batch keep a rule's text;
-    /// a later rule is described by its chain (at 50,000 services the
-    /// texts were 10 MiB held through the commit, for error reports that
-    /// name the chain and carry the kernel's reason anyway).
+    /// `text` gives its nft form for the description, asked for only while
+    /// the batch keeps descriptions (see [`COMMANDS_DESCRIBED`]).
     pub fn add_rule(
         &mut self,
         family: u8,
@@ -343,10 +359,10 @@ impl Batch {
         let mut a = Attrs::default();
         a.str(1, table).str(2, chain);
         a.nest(4, |l| l.buf.extend_from_slice(&exprs.buf));
-        let what = if self.len() < RULES_DESCRIBED_IN_FULL {
+        let what = if self.len() < COMMANDS_DESCRIBED {
             format!("add rule {chain} {}", text())
         } else {
-            format!("add rule {chain}")
+            String::new()
         };
         self.msg(NEWRULE, NLM_F_CREATE | NLM_F_APPEND, family, a, what);
     }
@@ -466,9 +482,8 @@ impl Batch {
             }
             let idx = seq.wrapping_sub(self.first_seq) as usize;
             let what = self
-                .descriptions
-                .get(idx)
-                .map_or_else(|| format!("message {seq}"), str::to_owned);
+                .describe(idx)
+                .unwrap_or_else(|| format!("message {seq}"));
             let mut reason = io::Error::from_raw_os_error(errno).to_string();
             if !ext.is_empty() {
                 reason.push_str(&format!(" ({ext})"));
@@ -576,6 +591,42 @@ pub fn set_of(attributes: &[u8], table: &str) -> Option<SetInfo> {
     })
 }
 
+/// What an nf_tables message of `kind` does, read from its payload (the
+/// nfgenmsg header, then the attributes): the verb and the chain, set or
+/// map it names, and how many elements it carries.
+pub(super) fn describe_message(kind: u16, payload: &[u8]) -> String {
+    let attrs = attrs(payload.get(4..).unwrap_or_default());
+    let text = |n: u16| {
+        attrs
+            .iter()
+            .find(|(k, _)| *k == n)
+            .map(|(_, v)| attr_str(v))
+    };
+    let name = |n: u16| text(n).unwrap_or_default();
+    let elements = || {
+        attrs
+            .iter()
+            .find(|(k, _)| *k == 3)
+            .map_or(0, |(_, list)| super::nlsock::attrs(list).len())
+    };
+    match kind & 0xff {
+        NEWTABLE => format!("add table {}", name(1)),
+        DELTABLE => format!("delete table {}", name(1)),
+        NEWCHAIN => format!("add chain {}", name(3)),
+        DELCHAIN => format!("delete chain {}", name(3)),
+        NEWRULE => format!("add rule {}", name(2)),
+        DELRULE => format!("flush chain {}", text(2).as_deref().unwrap_or("(all)")),
+        NEWSET => format!("add set {}", name(2)),
+        DELSET => format!("delete set {}", name(2)),
+        NEWSETELEM => format!("add element {} ({} elements)", name(2), elements()),
+        DELSETELEM => match elements() {
+            0 => format!("flush set {}", name(2)),
+            n => format!("delete element {} ({n} elements)", name(2)),
+        },
+        other => format!("nf_tables message {other}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -610,5 +661,62 @@ mod tests {
         let flags: Vec<u16> = msgs.iter().map(|m| m.1 & NLM_F_ACK).collect();
         assert_eq!(flags, [0, 0, NLM_F_ACK, 0]);
         assert_eq!(b.descriptions.get(2), Some("add table u"));
+    }
+
+    #[test]
+    fn commands_past_the_described_ones_are_described_from_their_bytes() {
+        let mut b = Batch::new();
+        b.add_table(NFPROTO_IPV4, "t");
+        for i in 0..COMMANDS_DESCRIBED {
+            b.add_chain(NFPROTO_IPV4, "t", &format!("c{i}"), None);
+        }
+        let rule = Attrs::default();
+        b.add_rule(NFPROTO_IPV4, "t", "late", &rule, || {
+            unreachable!("no text kept")
+        });
+        let elems = [
+            Element {
+                key: vec![1, 2, 3, 4],
+                verdict: None,
+                data: None,
+            },
+            Element {
+                key: vec![5, 6, 7, 8],
+                verdict: None,
+                data: None,
+            },
+        ];
+        b.add_elements(NFPROTO_IPV4, "t", "late-set", &elems, "not kept".to_owned());
+        b.flush_set(NFPROTO_IPV4, "t", "late-set");
+        b.delete_elements(
+            NFPROTO_IPV4,
+            "t",
+            "late-set",
+            &elems[..1],
+            "not kept".to_owned(),
+        );
+        b.flush_rules(NFPROTO_IPV4, "t", None);
+        assert_eq!(b.len(), COMMANDS_DESCRIBED + 6);
+        assert_eq!(b.descriptions().count(), COMMANDS_DESCRIBED);
+        assert_eq!(b.describe(1).as_deref(), Some("add table t"));
+        assert_eq!(
+            b.describe(COMMANDS_DESCRIBED).as_deref(),
+            Some("add chain c62")
+        );
+        let late: Vec<String> = (COMMANDS_DESCRIBED + 1..=COMMANDS_DESCRIBED + 6)
+            .map(|i| b.describe(i).unwrap())
+            .collect();
+        assert_eq!(
+            late,
+            [
+                "add chain c63",
+                "add rule late",
+                "add element late-set (2 elements)",
+                "flush set late-set",
+                "delete element late-set (1 elements)",
+                "flush chain (all)",
+            ]
+        );
+        assert_eq!(b.describe(COMMANDS_DESCRIBED + 7), None);
     }
 }

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use super::batch::{self, Batch, Element, ELEMENTS_PER_MESSAGE};
 use super::expr::{key_text, KeyPart};
-use super::hairpin::HairpinRefs;
+use super::hairpin::HairpinList;
 use super::rules::{self, ElementValue, Family, TABLE};
 use super::{add_rules, element, hairpin_element, has_table, NftDatapath, NftError};
 use crate::model::claims::Claims;
@@ -137,7 +137,7 @@ impl NftDatapath {
         }
 
         let mut pending = PendingElements::new(fam);
-        let mut hairpin = HairpinRefs::default();
+        let mut hairpin = HairpinList::default();
         let mut counts_in_use = BTreeSet::new();
         let mut map_counts: BTreeMap<&'static str, usize> = BTreeMap::new();
         for se in &next.services {
@@ -176,7 +176,8 @@ impl NftDatapath {
         }
         let hairpin_what = |n: usize| format!("element {} ({n} addresses)", rules::HAIRPIN);
         let mut hp = Vec::new();
-        for ip in hairpin.addrs(f) {
+        hairpin.sort();
+        for ip in hairpin.distinct(f) {
             hp.push(hairpin_element(ip));
             if hp.len() >= ELEMENTS_PER_MESSAGE {
                 b.add_elements(fam, TABLE, rules::HAIRPIN, &hp, hairpin_what(hp.len()));
@@ -199,7 +200,7 @@ impl NftDatapath {
         self.map_counts.retain(|(fam, _), _| *fam != f);
         self.map_counts
             .extend(map_counts.into_iter().map(|(map, n)| ((f, map), n)));
-        self.hairpin_refs.replace(f, hairpin);
+        self.hairpin_refs.replace(f, hairpin.into_refs());
         Ok(())
     }
 }

@@ -35,14 +35,6 @@ impl HairpinRefs {
         }
     }
 
-    /// One more service DNATs to `ip`.
-    pub(super) fn add(&mut self, ip: IpAddr) {
-        match ip {
-            IpAddr::V4(a) => *self.v4.entry(a).or_default() += 1,
-            IpAddr::V6(a) => *self.v6.entry(a).or_default() += 1,
-        }
-    }
-
     /// Addresses with a count, both families.
     pub(super) fn len(&self) -> usize {
         self.v4.len() + self.v6.len()
@@ -62,5 +54,81 @@ impl HairpinRefs {
             Family::V4 => self.v4 = other.v4,
             Family::V6 => self.v6 = other.v6,
         }
+    }
+}
+
+/// The endpoint addresses a full sync DNATs to, one entry per service
+/// that does, as the sync comes across them: a plain list (4 bytes an IPv4
+/// address) while the transaction is built, counted into [`HairpinRefs`]
+/// once it is sent. A table of a quarter of a million addresses grown as
+/// they came used to be the peak of the nftables full sync, on top of the
+/// transaction itself.
+#[derive(Debug, Default)]
+pub(super) struct HairpinList {
+    v4: Vec<Ipv4Addr>,
+    v6: Vec<Ipv6Addr>,
+}
+
+impl HairpinList {
+    /// One more service DNATs to `ip`.
+    pub(super) fn add(&mut self, ip: IpAddr) {
+        match ip {
+            IpAddr::V4(a) => self.v4.push(a),
+            IpAddr::V6(a) => self.v6.push(a),
+        }
+    }
+
+    /// Sorts the list, so that [`HairpinList::distinct`] can read it.
+    pub(super) fn sort(&mut self) {
+        self.v4.sort_unstable();
+        self.v6.sort_unstable();
+    }
+
+    /// The distinct addresses of family `f`, once sorted.
+    pub(super) fn distinct(&self, f: Family) -> Box<dyn Iterator<Item = IpAddr> + '_> {
+        match f {
+            Family::V4 => Box::new(runs(&self.v4).map(|(a, _)| IpAddr::V4(a))),
+            Family::V6 => Box::new(runs(&self.v6).map(|(a, _)| IpAddr::V6(a))),
+        }
+    }
+
+    /// The count of each address, once sorted.
+    pub(super) fn into_refs(self) -> HairpinRefs {
+        HairpinRefs {
+            v4: runs(&self.v4).collect(),
+            v6: runs(&self.v6).collect(),
+        }
+    }
+}
+
+/// Each value of a sorted list with the length of its run.
+fn runs<T: Copy + PartialEq>(sorted: &[T]) -> impl Iterator<Item = (T, u32)> + '_ {
+    sorted
+        .chunk_by(|a, b| a == b)
+        .map(|run| (run[0], run.len() as u32))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_counts_each_address_once_per_service() {
+        let mut list = HairpinList::default();
+        for ip in [
+            "10.0.0.2", "fd00::1", "10.0.0.1", "10.0.0.2", "fd00::1", "10.0.0.2",
+        ] {
+            list.add(ip.parse().unwrap());
+        }
+        list.sort();
+        let v4: Vec<String> = list.distinct(Family::V4).map(|a| a.to_string()).collect();
+        assert_eq!(v4, ["10.0.0.1", "10.0.0.2"]);
+        assert_eq!(list.distinct(Family::V6).count(), 1);
+        let refs = list.into_refs();
+        assert_eq!(refs.get(&"10.0.0.2".parse().unwrap()), 3);
+        assert_eq!(refs.get(&"10.0.0.1".parse().unwrap()), 1);
+        assert_eq!(refs.get(&"fd00::1".parse().unwrap()), 2);
+        assert_eq!(refs.get(&"10.0.0.3".parse().unwrap()), 0);
+        assert_eq!(refs.len(), 3);
     }
 }

@@ -167,7 +167,7 @@ fn describe(map: &str, keys: &[String], total: usize) -> String {
 
 /// How many commands of the last transaction [`NftDatapath::last_transaction`]
 /// keeps: those whose rules are described in full.
-pub const LAST_TRANSACTION_KEPT: usize = batch::RULES_DESCRIBED_IN_FULL;
+pub const LAST_TRANSACTION_KEPT: usize = batch::COMMANDS_DESCRIBED;
 
 /// `kubeproxy_sync_proxy_rules_nftables_*` (SPEC §5.1), nftables mode only.
 #[derive(Clone, Debug)]
