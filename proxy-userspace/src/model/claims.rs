@@ -16,9 +16,12 @@
 //! names the services whose owned set changed, so the apply coordinator
 //! reprograms them within the same sync.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+// foldhash (randomly seeded), not SipHash: these tables take every
+// object of a large cluster and their keys are short.
+use hashbrown::HashMap;
 use smallvec::SmallVec;
 
 use super::cluster::{ObjectKey, Protocol};

@@ -7,9 +7,12 @@
 //! result is canonical: services, endpoints and ports come out sorted and no
 //! hash-map order reaches the output.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
+
+// foldhash (randomly seeded), not SipHash: these tables take every
+// object of a large cluster and their keys are short.
+use hashbrown::HashMap;
 
 use super::cluster::{
     AddressType, ClusterState, Endpoint, EndpointHints, EndpointSlice, IpFamily, Node, Service,

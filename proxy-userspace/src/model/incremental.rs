@@ -17,8 +17,12 @@
 //! The result equals [`compute`](super::compute) of the same cluster state
 //! (a property test checks random change sequences).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
+
+// foldhash (randomly seeded), not SipHash: these tables take every
+// object of a large cluster and their keys are short.
+use hashbrown::HashMap;
 
 use super::cluster::{Change, ClusterState, EndpointSlice, Node, ObjectKey, ObjectKind};
 use super::compute::{service_view, Env, NodeContext};

@@ -169,7 +169,7 @@ pub fn desired_services(
     }
     // Two frontends of one service may land on one VIP (a node port equal
     // to another port on a node address): the first wins.
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = hashbrown::HashSet::new();
     out.retain(|d| seen.insert(d.vip));
     out
 }

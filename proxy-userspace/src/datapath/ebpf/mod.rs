@@ -38,10 +38,11 @@ pub mod plan;
 pub mod sockdestroy;
 mod write;
 
-use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+// foldhash (randomly seeded), not SipHash: keyed by every service or VIP.
+use hashbrown::{HashMap, HashSet};
 use smallvec::SmallVec;
 
 use crate::model::{LocalState, ObjectKey};

@@ -13,8 +13,9 @@
 //! might not fit takes the single-plan path, whose exact check refuses it
 //! before its first write.
 
-use std::collections::HashSet;
 use std::sync::Arc;
+
+use hashbrown::HashSet;
 
 use super::codec::Vip;
 use super::desired::{self, DesiredService};

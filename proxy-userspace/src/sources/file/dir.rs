@@ -10,12 +10,15 @@
 //! that needs an object not at hand, a duplicate whose winning definition
 //! goes away so an earlier file's takes over, reads that earlier file again.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+// foldhash (randomly seeded), not SipHash: these tables take every
+// object of a large cluster and their keys are short.
+use hashbrown::{HashMap, HashSet};
 use smallvec::SmallVec;
 
 use super::manifest::{parse_manifest, read_manifest, ManifestError};
