@@ -198,7 +198,9 @@ impl Batch {
             descriptions: Descriptions::default(),
             set_id: 1,
         };
-        b.header(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, &[], "batch begin");
+        b.header(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, &[], || {
+            "batch begin".into()
+        });
         b
     }
 
@@ -233,7 +235,16 @@ impl Batch {
         Some(describe_message(kind, payload))
     }
 
-    fn header(&mut self, kind: u16, flags: u16, family: u8, attrs: &[u8], what: &str) {
+    /// Appends a message; `what` describes it, asked for only while the
+    /// batch keeps descriptions (see [`COMMANDS_DESCRIBED`]).
+    fn header(
+        &mut self,
+        kind: u16,
+        flags: u16,
+        family: u8,
+        attrs: &[u8],
+        what: impl FnOnce() -> String,
+    ) {
         let res_id = if kind == NFNL_MSG_BATCH_BEGIN || kind == NFNL_MSG_BATCH_END {
             NFNL_SUBSYS_NFTABLES
         } else {
@@ -241,38 +252,42 @@ impl Batch {
         };
         push_message(&mut self.buf, kind, flags, self.seq, family, res_id, attrs);
         self.seq = self.seq.wrapping_add(1);
-        self.messages += 1;
-        if self.messages <= COMMANDS_DESCRIBED + 1 {
-            self.descriptions.push(what);
+        // Begin, then the first COMMANDS_DESCRIBED commands.
+        if self.messages <= COMMANDS_DESCRIBED {
+            self.descriptions.push(&what());
         }
+        self.messages += 1;
     }
 
-    fn msg(&mut self, kind: u16, flags: u16, family: u8, attrs: Attrs, what: String) {
+    fn msg(
+        &mut self,
+        kind: u16,
+        flags: u16,
+        family: u8,
+        attrs: Attrs,
+        what: impl FnOnce() -> String,
+    ) {
         self.header(
             (NFNL_SUBSYS_NFTABLES << 8) | kind,
             NLM_F_REQUEST | flags,
             family,
             &attrs.buf,
-            &what,
+            what,
         );
     }
 
     pub fn add_table(&mut self, family: u8, table: &str) {
         let mut a = Attrs::default();
         a.str(1, table);
-        self.msg(
-            NEWTABLE,
-            NLM_F_CREATE,
-            family,
-            a,
-            format!("add table {table}"),
-        );
+        self.msg(NEWTABLE, NLM_F_CREATE, family, a, || {
+            format!("add table {table}")
+        });
     }
 
     pub fn delete_table(&mut self, family: u8, table: &str) {
         let mut a = Attrs::default();
         a.str(1, table);
-        self.msg(DELTABLE, 0, family, a, format!("delete table {table}"));
+        self.msg(DELTABLE, 0, family, a, || format!("delete table {table}"));
     }
 
     /// `add chain`; `hook` = (type, hook number, priority) for base chains.
@@ -291,13 +306,9 @@ impl Batch {
             });
             a.be32(5, NF_ACCEPT as u32).str(7, kind);
         }
-        self.msg(
-            NEWCHAIN,
-            NLM_F_CREATE,
-            family,
-            a,
-            format!("add chain {name}"),
-        );
+        self.msg(NEWCHAIN, NLM_F_CREATE, family, a, || {
+            format!("add chain {name}")
+        });
     }
 
     /// A regular chain carrying `comment` (nft shows it in listings).
@@ -314,19 +325,15 @@ impl Batch {
         udata.extend_from_slice(text.as_bytes());
         udata.push(0);
         a.bytes(12, &udata);
-        self.msg(
-            NEWCHAIN,
-            NLM_F_CREATE,
-            family,
-            a,
-            format!("add chain {name}"),
-        );
+        self.msg(NEWCHAIN, NLM_F_CREATE, family, a, || {
+            format!("add chain {name}")
+        });
     }
 
     pub fn delete_chain(&mut self, family: u8, table: &str, name: &str) {
         let mut a = Attrs::default();
         a.str(1, table).str(3, name);
-        self.msg(DELCHAIN, 0, family, a, format!("delete chain {name}"));
+        self.msg(DELCHAIN, 0, family, a, || format!("delete chain {name}"));
     }
 
     /// Removes every rule of `chain`, or of the whole table with `None`.
@@ -336,18 +343,13 @@ impl Batch {
         if let Some(c) = chain {
             a.str(2, c);
         }
-        self.msg(
-            DELRULE,
-            0,
-            family,
-            a,
-            format!("flush chain {}", chain.unwrap_or("(all)")),
-        );
+        self.msg(DELRULE, 0, family, a, || {
+            format!("flush chain {}", chain.unwrap_or("(all)"))
+        });
     }
 
     /// Appends a rule; `exprs` holds its encoded expression list and
-    /// `text` gives its nft form for the description, asked for only while
-    /// the batch keeps descriptions (see [`COMMANDS_DESCRIBED`]).
+    /// `text` gives its nft form for the description.
     pub fn add_rule(
         &mut self,
         family: u8,
@@ -359,12 +361,9 @@ impl Batch {
         let mut a = Attrs::default();
         a.str(1, table).str(2, chain);
         a.nest(4, |l| l.buf.extend_from_slice(&exprs.buf));
-        let what = if self.len() < COMMANDS_DESCRIBED {
+        self.msg(NEWRULE, NLM_F_CREATE | NLM_F_APPEND, family, a, || {
             format!("add rule {chain} {}", text())
-        } else {
-            String::new()
-        };
-        self.msg(NEWRULE, NLM_F_CREATE | NLM_F_APPEND, family, a, what);
+        });
     }
 
     pub fn add_set(&mut self, family: u8, table: &str, set: &SetSpec) {
@@ -388,26 +387,22 @@ impl Batch {
         if set.timeout_ms > 0 {
             a.be64(11, set.timeout_ms);
         }
-        self.msg(
-            NEWSET,
-            NLM_F_CREATE,
-            family,
-            a,
-            format!("add set {}", set.name),
-        );
+        self.msg(NEWSET, NLM_F_CREATE, family, a, || {
+            format!("add set {}", set.name)
+        });
     }
 
     pub fn delete_set(&mut self, family: u8, table: &str, name: &str) {
         let mut a = Attrs::default();
         a.str(1, table).str(2, name);
-        self.msg(DELSET, 0, family, a, format!("delete set {name}"));
+        self.msg(DELSET, 0, family, a, || format!("delete set {name}"));
     }
 
     /// Removes every element of a set or map.
     pub fn flush_set(&mut self, family: u8, table: &str, name: &str) {
         let mut a = Attrs::default();
         a.str(1, table).str(2, name);
-        self.msg(DELSETELEM, 0, family, a, format!("flush set {name}"));
+        self.msg(DELSETELEM, 0, family, a, || format!("flush set {name}"));
     }
 
     fn elements(
@@ -436,7 +431,7 @@ impl Batch {
                 }
             });
             let flags = if kind == NEWSETELEM { NLM_F_CREATE } else { 0 };
-            self.msg(kind, flags, family, a, what.clone());
+            self.msg(kind, flags, family, a, || what.clone());
         }
     }
 
@@ -469,7 +464,9 @@ impl Batch {
         }
         // The last command asks for an ack, so the answer always holds
         // at least one message once the kernel is done.
-        self.header(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, &[], "batch end");
+        self.header(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, &[], || {
+            "batch end".into()
+        });
         set_ack_on_last_command(&mut self.buf);
         let sock = Socket::open().map_err(CommitError::Io)?;
         sock.send(&self.buf).map_err(CommitError::Io)?;
@@ -595,19 +592,19 @@ pub fn set_of(attributes: &[u8], table: &str) -> Option<SetInfo> {
 /// nfgenmsg header, then the attributes): the verb and the chain, set or
 /// map it names, and how many elements it carries.
 pub(super) fn describe_message(kind: u16, payload: &[u8]) -> String {
-    let attrs = attrs(payload.get(4..).unwrap_or_default());
+    let fields = attrs(payload.get(4..).unwrap_or_default());
     let text = |n: u16| {
-        attrs
+        fields
             .iter()
             .find(|(k, _)| *k == n)
             .map(|(_, v)| attr_str(v))
     };
     let name = |n: u16| text(n).unwrap_or_default();
     let elements = || {
-        attrs
+        fields
             .iter()
             .find(|(k, _)| *k == 3)
-            .map_or(0, |(_, list)| super::nlsock::attrs(list).len())
+            .map_or(0, |(_, list)| attrs(list).len())
     };
     match kind & 0xff {
         NEWTABLE => format!("add table {}", name(1)),
@@ -655,7 +652,7 @@ mod tests {
         let mut b = Batch::new();
         b.add_table(NFPROTO_IPV4, "t");
         b.add_table(NFPROTO_IPV4, "u");
-        b.header(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, &[], "end");
+        b.header(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, &[], || "end".into());
         set_ack_on_last_command(&mut b.buf);
         let msgs = messages(&b.buf);
         let flags: Vec<u16> = msgs.iter().map(|m| m.1 & NLM_F_ACK).collect();

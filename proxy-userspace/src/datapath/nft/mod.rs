@@ -166,7 +166,7 @@ fn describe(map: &str, keys: &[String], total: usize) -> String {
 }
 
 /// How many commands of the last transaction [`NftDatapath::last_transaction`]
-/// keeps: those whose rules are described in full.
+/// keeps: those the batch keeps a description of.
 pub const LAST_TRANSACTION_KEPT: usize = batch::COMMANDS_DESCRIBED;
 
 /// `kubeproxy_sync_proxy_rules_nftables_*` (SPEC §5.1), nftables mode only.
