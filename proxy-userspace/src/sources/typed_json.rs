@@ -13,6 +13,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use smallvec::SmallVec;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
@@ -146,17 +147,21 @@ impl<'de> Visitor<'de> for NoDuplicatesVisitor {
     }
 }
 
-/// The keys of one object so far. Objects are small (a linear scan),
+/// The keys of one object so far. Objects are small (a linear scan, on
+/// the stack: a quarter of a million endpoints each hold a few nested
+/// objects, and a heap block per object was most of this pass's time),
 /// except label maps, which get a set past a few keys.
 #[derive(Default)]
 struct Keys<'de> {
-    few: Vec<Cow<'de, str>>,
+    few: SmallVec<[Cow<'de, str>; Keys::FEW]>,
     many: std::collections::HashSet<Cow<'de, str>>,
 }
 
-impl<'de> Keys<'de> {
+impl Keys<'_> {
     const FEW: usize = 16;
+}
 
+impl<'de> Keys<'de> {
     fn insert<E: de::Error>(&mut self, key: Cow<'de, str>) -> Result<(), E> {
         let fresh = if self.few.len() < Self::FEW {
             let fresh = !self.few.contains(&key);

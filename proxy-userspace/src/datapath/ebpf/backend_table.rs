@@ -105,6 +105,16 @@ impl BackendTable {
         live(&self.by_id, id).is_some()
     }
 
+    /// Room in the address index for `additional` more backends: its
+    /// growth re-hashes every address, each found through `by_id`. (The
+    /// table itself grows by copying, with no hashing.)
+    pub fn reserve(&mut self, additional: usize) {
+        let (by_id, hasher) = (&self.by_id, &self.hasher);
+        self.by_addr.reserve(additional, |i| {
+            live(by_id, *i).map_or(0, |b| hasher.hash_one(b.addr))
+        });
+    }
+
     /// The id the plan reuses for `addr`.
     pub fn id_of(&self, addr: &BackendAddr) -> Option<u32> {
         let hash = self.hasher.hash_one(addr);

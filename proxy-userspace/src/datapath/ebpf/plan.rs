@@ -183,6 +183,15 @@ impl Programmed {
     }
 
     /// Records an op the kernel accepted.
+    /// Room for what a full sync bounded before its first write (VIPs
+    /// it writes, backends it may add): growing the tables while writing
+    /// re-hashes everything they hold at each doubling.
+    pub fn reserve(&mut self, vips: usize, new_backends: usize) {
+        self.services
+            .reserve(vips.saturating_sub(self.services.len()));
+        self.backends.reserve(new_backends);
+    }
+
     pub fn apply(&mut self, op: &Op) {
         match op {
             Op::PutBackend { id, addr } => self.put_backend(*id, *addr),
@@ -609,6 +618,11 @@ impl<'v> PeakBound<'v> {
 
     pub fn removals(&mut self, stale: &[Vip]) {
         self.removed += stale.iter().map(|v| self.entries(v)).sum::<usize>();
+    }
+
+    /// Backends the upserts may add (an upper bound).
+    pub fn new_backends(&self) -> usize {
+        self.new_backends
     }
 
     pub fn peak(&self) -> Peak {

@@ -106,6 +106,8 @@ impl EbpfDatapath {
             // One plan, whose exact check refuses what does not fit.
             return self.apply_one_plan(&desired_of(&next.services));
         }
+        let new_backends = bound.new_backends();
+        self.view.reserve(wanted.len(), new_backends);
         self.owned.clear();
         // Decided once: after the first chunk the view is not empty any
         // more, but a first start still has no pairs to destroy.
