@@ -446,6 +446,15 @@ pub enum Object {
 }
 
 impl Object {
+    pub fn kind(&self) -> ObjectKind {
+        match self {
+            Object::Service(_) => ObjectKind::Service,
+            Object::EndpointSlice(_) => ObjectKind::EndpointSlice,
+            Object::Node(_) => ObjectKind::Node,
+            Object::Pod(_) => ObjectKind::Pod,
+        }
+    }
+
     pub fn object_ref(&self) -> ObjectRef {
         let (kind, key) = match self {
             Object::Service(s) => (ObjectKind::Service, s.key.clone()),
@@ -465,6 +474,14 @@ pub enum Change {
 }
 
 impl Change {
+    /// The kind of the object changed (no copy of its name).
+    pub fn kind(&self) -> ObjectKind {
+        match self {
+            Change::Upsert(o) => o.kind(),
+            Change::Delete(r) => r.kind,
+        }
+    }
+
     pub fn object_ref(&self) -> ObjectRef {
         match self {
             Change::Upsert(o) => o.object_ref(),

@@ -49,7 +49,8 @@ pub struct Model {
     services: Vec<Arc<ServiceEndpoints>>,
     /// Services touched since the last recompute.
     dirty: BTreeSet<ObjectKey>,
-    /// Every Service is touched (this node's zone changed).
+    /// Every Service is touched (nothing computed yet, or this node's
+    /// zone changed): `dirty` is not kept meanwhile.
     all_dirty: bool,
 }
 
@@ -69,7 +70,9 @@ impl Model {
             slices_of: HashMap::new(),
             services: Vec::new(),
             dirty: BTreeSet::new(),
-            all_dirty: false,
+            // A first sync computes every Service: 100k changes need not
+            // each mark theirs.
+            all_dirty: true,
         }
     }
 
@@ -106,9 +109,7 @@ impl Model {
             return false;
         }
         match r.kind {
-            ObjectKind::Service => {
-                self.dirty.insert(r.key);
-            }
+            ObjectKind::Service => self.touch(r.key),
             ObjectKind::EndpointSlice => {
                 let owner_after = self
                     .cluster
@@ -124,7 +125,7 @@ impl Model {
                             self.slices_of.remove(&before);
                         }
                     }
-                    self.dirty.insert(before);
+                    self.touch(before);
                 }
                 if let Some(after) = owner_after {
                     let slices = self.slices_of.entry(after.clone()).or_default();
@@ -133,7 +134,7 @@ impl Model {
                         slices.reserve_exact(1);
                         slices.insert(i, r.key);
                     }
-                    self.dirty.insert(after);
+                    self.touch(after);
                 }
             }
             ObjectKind::Node => {
@@ -144,6 +145,13 @@ impl Model {
             ObjectKind::Pod => {}
         }
         true
+    }
+
+    /// Marks a Service for the next recompute.
+    fn touch(&mut self, key: ObjectKey) {
+        if !self.all_dirty {
+            self.dirty.insert(key);
+        }
     }
 
     fn own_zone(&self) -> Option<String> {

@@ -4,21 +4,22 @@
 //! The general path builds a `serde_json::Value` tree first (a map per
 //! object, a string per key) and then the typed object from it; at 50,000
 //! Services and their slices that tree is most of the cost of reading the
-//! manifests. This path walks the text once to read `apiVersion` and
-//! `kind` and to refuse duplicate keys (as the YAML reader does: typed
-//! decoders would keep the last one silently), then decodes the typed
-//! object from the same text.
+//! manifests. This path reads the top level's `apiVersion` and `kind`
+//! (stopping as soon as it has both: they nearly always come first), then
+//! decodes the typed object from the same text in one pass that also
+//! refuses duplicate keys ([`strict`]), as the YAML reader does: typed
+//! decoders would keep the last one silently.
 
-use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
-use smallvec::SmallVec;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 
 use super::objects::{Decoded, ObjectError, Project};
+
+mod strict;
 
 /// The decoded object, its validation error, or `None`: this text needs
 /// the general path ([`super::objects::decode_object`] on its `Value`),
@@ -26,10 +27,8 @@ use super::objects::{Decoded, ObjectError, Project};
 /// version not decoded here, a duplicate key, JSON the typed decoder
 /// refuses.
 pub fn decode_object_json(text: &str) -> Option<Result<Decoded, ObjectError>> {
-    let mut de = serde_json::Deserializer::from_str(text);
-    let head = Head::deserialize(&mut de).ok()?;
-    de.end().ok()?;
-    let object = match (head.api_version.as_deref()?, head.kind.as_deref()?) {
+    let head = head(text)?;
+    let object = match (head.api_version?.as_str(), head.kind?.as_str()) {
         ("v1", "Service") => typed::<core::Service>(text)?.project(),
         ("discovery.k8s.io/v1", "EndpointSlice") => {
             typed::<discovery::EndpointSlice>(text)?.project()
@@ -41,140 +40,61 @@ pub fn decode_object_json(text: &str) -> Option<Result<Decoded, ObjectError>> {
     Some(object.map(|o| Decoded::Object(Box::new(o))))
 }
 
+/// The whole of `text` as a `T`, refusing duplicate keys.
 fn typed<T: serde::de::DeserializeOwned>(text: &str) -> Option<T> {
-    serde_json::from_str(text).ok()
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value = T::deserialize(strict::Strict(&mut de)).ok()?;
+    de.end().ok()?;
+    Some(value)
 }
 
-/// The top-level `apiVersion` and `kind` of a document with no duplicate
-/// key at any depth.
+/// The top-level `apiVersion` and `kind`, as far as they are strings.
+#[derive(Default)]
 struct Head {
     api_version: Option<String>,
     kind: Option<String>,
 }
 
-impl<'de> Deserialize<'de> for Head {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_map(HeadVisitor)
+/// Reads keys of the top-level object until it has both `apiVersion` and
+/// `kind`. `None` when the text is not an object; what comes after them is
+/// left to the typed pass.
+fn head(text: &str) -> Option<Head> {
+    let mut head = Head::default();
+    let mut de = serde_json::Deserializer::from_str(text);
+    match de.deserialize_map(HeadVisitor(&mut head)) {
+        Ok(()) => Some(head),
+        Err(_) if head.api_version.is_some() && head.kind.is_some() => Some(head),
+        Err(_) => None,
     }
 }
 
-struct HeadVisitor;
+/// Fills a [`Head`]; stops the read with an error once it is full.
+struct HeadVisitor<'h>(&'h mut Head);
 
-impl<'de> Visitor<'de> for HeadVisitor {
-    type Value = Head;
+impl<'de> Visitor<'de> for HeadVisitor<'_> {
+    type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Head, A::Error> {
-        let mut head = Head {
-            api_version: None,
-            kind: None,
-        };
-        let mut keys = Keys::default();
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             let slot = match key.as_ref() {
-                "apiVersion" => Some(&mut head.api_version),
-                "kind" => Some(&mut head.kind),
-                _ => None,
+                "apiVersion" => &mut self.0.api_version,
+                "kind" => &mut self.0.kind,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
             };
-            match slot {
-                // Not a string: leave it to the general path's message.
-                Some(slot) => *slot = map.next_value::<Option<String>>().ok().flatten(),
-                None => map.next_value::<NoDuplicates>().map(|_| ())?,
+            // Not a string: the general path says why.
+            *slot = Some(map.next_value::<String>()?);
+            if self.0.api_version.is_some() && self.0.kind.is_some() {
+                return Err(de::Error::custom("apiVersion and kind read"));
             }
-            keys.insert(key)?;
         }
-        Ok(head)
-    }
-}
-
-/// Any JSON value, checked for duplicate keys and otherwise skipped.
-struct NoDuplicates;
-
-impl<'de> Deserialize<'de> for NoDuplicates {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(NoDuplicatesVisitor)
-    }
-}
-
-struct NoDuplicatesVisitor;
-
-impl<'de> Visitor<'de> for NoDuplicatesVisitor {
-    type Value = NoDuplicates;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<NoDuplicates, E> {
-        Ok(NoDuplicates)
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<NoDuplicates, E> {
-        Ok(NoDuplicates)
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<NoDuplicates, E> {
-        Ok(NoDuplicates)
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<NoDuplicates, E> {
-        Ok(NoDuplicates)
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<NoDuplicates, E> {
-        Ok(NoDuplicates)
-    }
-
-    fn visit_unit<E>(self) -> Result<NoDuplicates, E> {
-        Ok(NoDuplicates)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<NoDuplicates, A::Error> {
-        while seq.next_element::<NoDuplicates>()?.is_some() {}
-        Ok(NoDuplicates)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<NoDuplicates, A::Error> {
-        let mut keys = Keys::default();
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            map.next_value::<NoDuplicates>()?;
-            keys.insert(key)?;
-        }
-        Ok(NoDuplicates)
-    }
-}
-
-/// The keys of one object so far. Objects are small (a linear scan, on
-/// the stack: a quarter of a million endpoints each hold a few nested
-/// objects, and a heap block per object was most of this pass's time),
-/// except label maps, which get a set past a few keys.
-#[derive(Default)]
-struct Keys<'de> {
-    few: SmallVec<[Cow<'de, str>; Keys::FEW]>,
-    many: std::collections::HashSet<Cow<'de, str>>,
-}
-
-impl Keys<'_> {
-    const FEW: usize = 16;
-}
-
-impl<'de> Keys<'de> {
-    fn insert<E: de::Error>(&mut self, key: Cow<'de, str>) -> Result<(), E> {
-        let fresh = if self.few.len() < Self::FEW {
-            let fresh = !self.few.contains(&key);
-            self.few.push(key);
-            fresh
-        } else {
-            !self.few.contains(&key) && self.many.insert(key)
-        };
-        if fresh {
-            Ok(())
-        } else {
-            Err(E::custom("duplicate key"))
-        }
+        Ok(())
     }
 }
 

@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::datapath::ProxyMode;
 use crate::flagz::FlagValue;
-use crate::model::{AddressType, Change, IpFamily, LocalState, Object, ObjectKind, ObjectRef};
+use crate::model::{AddressType, Change, IpFamily, LocalState, Object, ObjectKind};
 use checks::Check;
 use health::{HealthTracker, PendingChanges, ProxyEndpoint, ProxyHealthInput, Stamp};
 use metrics::Metrics;
@@ -88,8 +88,10 @@ impl ChangeNote {
             }
             _ => None,
         };
-        let ObjectRef { kind, .. } = change.object_ref();
-        ChangeNote { kind, trigger }
+        ChangeNote {
+            kind: change.kind(),
+            trigger,
+        }
     }
 }
 

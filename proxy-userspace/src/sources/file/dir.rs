@@ -146,6 +146,22 @@ fn load(path: &Path, known: Option<u64>, mode: Mode) -> Loaded {
     Loaded::Read { stat, hash, parsed }
 }
 
+/// Files to read, made by [`ManifestDir::jobs`]: each path with the hash
+/// of its content last read.
+pub struct Jobs(Vec<(PathBuf, Option<u64>, Mode)>);
+
+/// What [`Jobs::load`] found, for [`ManifestDir::take`].
+pub struct Loads(Vec<(PathBuf, Mode, Loaded)>);
+
+impl Jobs {
+    /// Reads and parses the files on up to [`LOAD_THREADS`] threads.
+    /// Touches no state: it may run on any thread, ahead of the `take` of
+    /// earlier loads.
+    pub fn load(self) -> Loads {
+        Loads(load_all(self.0))
+    }
+}
+
 /// Loads `jobs` on up to [`LOAD_THREADS`] threads, results in job order.
 fn load_all(jobs: Vec<(PathBuf, Option<u64>, Mode)>) -> Vec<(PathBuf, Mode, Loaded)> {
     let threads = std::thread::available_parallelism()
@@ -336,26 +352,50 @@ impl ManifestDir {
     /// says: two writes within one clock tick leave the same mtime) and
     /// returns the changes. Paths that are not manifests are skipped.
     pub fn update(&mut self, paths: impl IntoIterator<Item = PathBuf>) -> Update {
-        let mut todo: BTreeMap<PathBuf, Mode> = paths
-            .into_iter()
-            .filter(|p| self.is_manifest_path(p))
-            .map(|p| (p, Mode::Changed))
-            .collect();
+        let jobs = self.jobs(paths);
+        self.take(jobs.load())
+    }
+
+    /// What reading the files at `paths` needs to know (the manifests
+    /// among them, and the hash of each one's content last read), for
+    /// [`Jobs::load`] to read them on another thread. [`Self::take`]
+    /// must take the loads in the order the jobs were made, and jobs made
+    /// before an earlier `take` must name other files than it read (the
+    /// initial read's chunks do).
+    pub fn jobs(&self, paths: impl IntoIterator<Item = PathBuf>) -> Jobs {
+        self.jobs_of(
+            paths
+                .into_iter()
+                .filter(|p| self.is_manifest_path(p))
+                .map(|p| (p, Mode::Changed))
+                .collect(),
+        )
+    }
+
+    fn jobs_of(&self, todo: BTreeMap<PathBuf, Mode>) -> Jobs {
+        Jobs(
+            todo.into_iter()
+                .map(|(path, mode)| {
+                    let known = self.files.get(path.as_path()).and_then(|e| e.content);
+                    (path, known, mode)
+                })
+                .collect(),
+        )
+    }
+
+    /// Takes in what [`Jobs::load`] found and returns the changes. Files
+    /// whose objects it needs (a definition changed hands to a file not
+    /// read) are read here.
+    pub fn take(&mut self, loads: Loads) -> Update {
         let mut update = Update::default();
         // The winner of each object touched, before this update.
         let mut before: HashMap<Arc<ObjectRef>, Option<(Arc<Path>, u64)>> = HashMap::new();
         // The objects of each file parsed, by reference.
         let mut parsed: HashMap<Arc<Path>, HashMap<Arc<ObjectRef>, Object>> = HashMap::new();
         let mut read_for_objects: HashSet<PathBuf> = HashSet::new();
-        while !todo.is_empty() {
-            let jobs = std::mem::take(&mut todo)
-                .into_iter()
-                .map(|(path, mode)| {
-                    let known = self.files.get(path.as_path()).and_then(|e| e.content);
-                    (path, known, mode)
-                })
-                .collect();
-            for (path, mode, loaded) in load_all(jobs) {
+        let mut loads = loads.0;
+        loop {
+            for (path, mode, loaded) in loads {
                 update.files_read += 1;
                 if mode == Mode::Objects {
                     read_for_objects.insert(path.clone());
@@ -384,6 +424,7 @@ impl ManifestDir {
             }
             // An object whose definition changed hands to a file not read
             // now: read that file for it.
+            let mut todo = BTreeMap::new();
             for (r, was) in &before {
                 let Some((file, hash)) = self.winner(r) else {
                     continue;
@@ -396,6 +437,10 @@ impl ManifestDir {
                     todo.insert(file.to_path_buf(), Mode::Objects);
                 }
             }
+            if todo.is_empty() {
+                break;
+            }
+            loads = self.jobs_of(todo).load().0;
         }
         let mut deletes = Vec::new();
         let mut upserts = Vec::new();

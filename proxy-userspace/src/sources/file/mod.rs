@@ -51,7 +51,8 @@ const RESCAN_INTERVAL: Duration = Duration::from_secs(5);
 /// is held.
 const INITIAL_BATCH: usize = 4096;
 /// Files read together (in parallel) during the initial read: a bound on
-/// the objects held before they are sent.
+/// the objects held before they are sent (three chunks: one taken in, one
+/// loaded and waiting, one loading).
 const INITIAL_CHUNK_FILES: usize = 256;
 const INITIAL_CHUNK_BYTES: u64 = 4 << 20;
 /// Queued directory events; when full, the next read is a rescan.
@@ -284,23 +285,33 @@ async fn gather(event_rx: &mut mpsc::Receiver<Hint>, pending: &mut Pending) -> b
 
 /// Reads every manifest, sending the changes in batches as they come.
 /// False when the receiver is gone.
+///
+/// The files are read in chunks; a blocking thread loads (reads and
+/// parses) the next chunk while this task takes in the last one, so the
+/// parse, most of the work, never waits for the bookkeeping.
 async fn initial_read(manifests: &mut ManifestDir, tx: &SourceSender) -> bool {
     let started = Instant::now();
     let (files, mut errors) = manifests.stale();
     let count = files.len();
-    let mut changes = Vec::new();
-    let mut chunk = Vec::new();
-    let mut chunk_bytes = 0;
-    let mut files = files.into_iter().peekable();
-    while let Some(file) = files.next() {
-        chunk_bytes += std::fs::metadata(&file).map_or(0, |m| m.len());
-        chunk.push(file);
-        let last = files.peek().is_none();
-        if chunk.len() < INITIAL_CHUNK_FILES && chunk_bytes < INITIAL_CHUNK_BYTES && !last {
-            continue;
+    let jobs: Vec<_> = chunks(files)
+        .into_iter()
+        .map(|chunk| manifests.jobs(chunk))
+        .collect();
+    let (loads_tx, mut loads_rx) = mpsc::channel(1);
+    // Ends with its last chunk, or at the next one once `loads_rx` is gone.
+    tokio::task::spawn_blocking(move || {
+        for chunk in jobs {
+            if loads_tx.blocking_send(chunk.load()).is_err() {
+                return;
+            }
         }
-        let update = manifests.update(std::mem::take(&mut chunk));
-        chunk_bytes = 0;
+    });
+    let mut changes = Vec::new();
+    let mut taking = Duration::ZERO;
+    while let Some(loads) = loads_rx.recv().await {
+        let take_started = Instant::now();
+        let update = manifests.take(loads);
+        taking += take_started.elapsed();
         errors.extend(update.errors);
         changes.extend(update.changes);
         if changes.len() >= INITIAL_BATCH
@@ -317,9 +328,30 @@ async fn initial_read(manifests: &mut ManifestDir, tx: &SourceSender) -> bool {
     tracing::debug!(
         files = count,
         took_ms = started.elapsed().as_millis() as u64,
+        taking_in_ms = taking.as_millis() as u64,
         "manifests read"
     );
     send(tx, errors, changes).await
+}
+
+/// `files` in chunks of at most [`INITIAL_CHUNK_FILES`] files, closed once
+/// they reach [`INITIAL_CHUNK_BYTES`].
+fn chunks(files: Vec<PathBuf>) -> Vec<Vec<PathBuf>> {
+    let mut chunks = Vec::new();
+    let mut chunk = Vec::new();
+    let mut chunk_bytes = 0;
+    for file in files {
+        chunk_bytes += std::fs::metadata(&file).map_or(0, |m| m.len());
+        chunk.push(file);
+        if chunk.len() >= INITIAL_CHUNK_FILES || chunk_bytes >= INITIAL_CHUNK_BYTES {
+            chunks.push(std::mem::take(&mut chunk));
+            chunk_bytes = 0;
+        }
+    }
+    if !chunk.is_empty() {
+        chunks.push(chunk);
+    }
+    chunks
 }
 
 /// Logs and sends errors, then changes. False when the receiver is gone.
