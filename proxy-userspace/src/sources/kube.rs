@@ -15,11 +15,13 @@
 //! keeps its last good version, also across a relist; every other object of
 //! its resource keeps flowing. A delete needs only the name.
 //!
-//! Each object is checked as it is read off the wire, inside the watcher's
-//! own decoding, and only the model's object is kept: a list page (or a
-//! whole list, from a server that does not page) never holds the API
+//! A list's items are kept as their text as the watcher reads them off
+//! the wire and checked a batch at a time ([`CHECK_BATCH`], on two
+//! threads) while the watcher reads the next page (a list served in one
+//! piece is checked as it is read, once a few MB of text wait: see
+//! `raw::WAITING_MAX`). Only the model's object is kept, never the API
 //! objects themselves (managed fields, annotations, status the proxy does
-//! not read), each is dropped as soon as it is decoded.
+//! not read). Watch events are checked as they come.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -39,7 +41,7 @@ mod raw;
 
 use super::{RejectReason, SourceMessage, SourceSender};
 use crate::model::{Change, Object, ObjectKind, ObjectRef};
-use raw::{RawObject, Rejection, Watched};
+use raw::{Checked, RawObject, Rejection, Watched};
 
 /// Selector kube-proxy applies to Services and EndpointSlices: objects of
 /// another proxy and headless services' slices are never even listed.
@@ -189,6 +191,10 @@ struct Relist {
 /// Objects of a first list are passed on in chunks of this many.
 const LISTING_CHUNK: usize = 1000;
 
+/// A list's items are checked this many at a time, on a blocking thread,
+/// while the watcher reads the next page.
+const CHECK_BATCH: usize = 500;
+
 fn spawn_watch<K: Watched>(
     tasks: &mut JoinSet<()>,
     resource: &'static str,
@@ -200,11 +206,15 @@ fn spawn_watch<K: Watched>(
     let api = Api::<RawObject<K>>::all(client);
     tasks.spawn(async move {
         let mut stream = watcher(api, config).default_backoff().boxed();
-        let mut relist: Option<Relist> = None;
-        // Until the first list completes, its objects are passed on in
-        // chunks; `restart` marks the first chunk of each attempt.
-        let mut first_list = true;
-        let mut restart = false;
+        let mut listing = Listing {
+            resource,
+            relist: None,
+            first_list: true,
+            restart: false,
+        };
+        // List items not checked yet, and the batch being checked.
+        let mut unchecked: Vec<RawObject<K>> = Vec::new();
+        let mut checking: Option<tokio::task::JoinHandle<Vec<Checked>>> = None;
         loop {
             let event = tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -213,56 +223,48 @@ fn spawn_watch<K: Watched>(
                     None => return,
                 },
             };
+            if let Ok(Event::InitApply(raw)) = event {
+                unchecked.push(raw);
+                if unchecked.len() >= CHECK_BATCH {
+                    let done = checked(checking.take()).await;
+                    let batch = std::mem::take(&mut unchecked);
+                    checking = Some(tokio::task::spawn_blocking(|| check_all(batch)));
+                    if !listing.take(done, &out).await {
+                        return;
+                    }
+                }
+                continue;
+            }
+            // Every list item before this event is taken in first.
+            let mut done = checked(checking.take()).await;
+            done.extend(check_all(std::mem::take(&mut unchecked)));
+            if !listing.take(done, &out).await {
+                return;
+            }
             let update = match event {
                 Ok(Event::Init) => {
-                    relist = Some(Relist::default());
-                    restart = true;
+                    listing.relist = Some(Relist::default());
+                    listing.restart = true;
                     continue;
                 }
-                Ok(Event::InitApply(raw)) => {
-                    match (raw.decoded, relist.as_mut()) {
-                        (Ok(o), Some(r)) => {
-                            r.objects.push(o);
-                            if first_list && r.objects.len() >= LISTING_CHUNK {
-                                let chunk = Update::Listing {
-                                    resource,
-                                    objects: std::mem::take(&mut r.objects),
-                                    restart: std::mem::take(&mut restart),
-                                };
-                                if out.send(chunk).await.is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                        (Ok(_), None) => {}
-                        (Err(rejected), r) => {
-                            if let (Some(r), Some(object)) = (r, rejected.object.clone()) {
-                                r.kept.push(object);
-                            }
-                            if out.send(rejected.update(resource)).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                    continue;
-                }
+                Ok(Event::InitApply(_)) => continue,
                 Ok(Event::InitDone) => {
-                    let Relist { objects, kept } = relist.take().unwrap_or_default();
-                    first_list = false;
+                    let Relist { objects, kept } = listing.relist.take().unwrap_or_default();
+                    listing.first_list = false;
                     Update::Relisted {
                         resource,
                         objects,
                         kept,
-                        restart: std::mem::take(&mut restart),
+                        restart: std::mem::take(&mut listing.restart),
                     }
                 }
-                Ok(Event::Apply(raw)) => match raw.decoded {
+                Ok(Event::Apply(raw)) => match raw.check().decoded {
                     Ok(o) => Update::Applied(o),
                     Err(rejected) => rejected.update(resource),
                 },
                 // A delete needs the name only: the last version may well
                 // be one that failed the checks.
-                Ok(Event::Delete(raw)) => match raw.reference {
+                Ok(Event::Delete(raw)) => match raw.check().reference {
                     Ok(r) => Update::Deleted(r),
                     Err(error) => Rejection {
                         object: None,
@@ -287,6 +289,79 @@ fn spawn_watch<K: Watched>(
             }
         }
     });
+}
+
+/// The checked batch `checking` (none: nothing).
+async fn checked(checking: Option<tokio::task::JoinHandle<Vec<Checked>>>) -> Vec<Checked> {
+    match checking {
+        Some(handle) => match handle.await {
+            Ok(done) => done,
+            // `check` panics only on a bug: pass it on.
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        },
+        None => Vec::new(),
+    }
+}
+
+/// Checks `batch`, in order, its halves on two threads when it is large.
+fn check_all<K: Watched>(batch: Vec<RawObject<K>>) -> Vec<Checked> {
+    if batch.len() < CHECK_BATCH / 2 {
+        return batch.into_iter().map(RawObject::check).collect();
+    }
+    let mut first = batch;
+    let second = first.split_off(first.len() / 2);
+    std::thread::scope(|scope| {
+        let other = scope.spawn(|| second.into_iter().map(RawObject::check).collect::<Vec<_>>());
+        let mut done: Vec<Checked> = first.into_iter().map(RawObject::check).collect();
+        match other.join() {
+            Ok(rest) => done.extend(rest),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+        done
+    })
+}
+
+/// A resource's (re)list as its checked items come in.
+struct Listing {
+    resource: &'static str,
+    relist: Option<Relist>,
+    /// Until the first list completes, its objects are passed on in
+    /// chunks; `restart` marks the first chunk of each attempt.
+    first_list: bool,
+    restart: bool,
+}
+
+impl Listing {
+    /// Takes in checked list items; false when `out` is gone.
+    async fn take(&mut self, done: Vec<Checked>, out: &mpsc::Sender<Update>) -> bool {
+        for checked in done {
+            match (checked.decoded, self.relist.as_mut()) {
+                (Ok(o), Some(r)) => {
+                    r.objects.push(o);
+                    if self.first_list && r.objects.len() >= LISTING_CHUNK {
+                        let chunk = Update::Listing {
+                            resource: self.resource,
+                            objects: std::mem::take(&mut r.objects),
+                            restart: std::mem::take(&mut self.restart),
+                        };
+                        if out.send(chunk).await.is_err() {
+                            return false;
+                        }
+                    }
+                }
+                (Ok(_), None) => {}
+                (Err(rejected), r) => {
+                    if let (Some(r), Some(object)) = (r, rejected.object.clone()) {
+                        r.kept.push(object);
+                    }
+                    if out.send(rejected.update(self.resource)).await.is_err() {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
 }
 
 /// The resources watched, in the order their sync is reported.

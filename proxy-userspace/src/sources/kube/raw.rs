@@ -1,9 +1,10 @@
-//! API objects as the watchers read them ([`RawObject`]): checked as
-//! they are decoded, from their text when serde_json offers it, and kept
-//! as the model's object or the reason it was refused.
+//! API objects as the watchers read them ([`RawObject`]): their text,
+//! when serde_json offers it, checked later ([`RawObject::check`]) and
+//! kept as the model's object or the reason it was refused.
 
 use std::borrow::Cow;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
@@ -39,27 +40,76 @@ impl Watched for core::Pod {
     const KIND: ObjectKind = ObjectKind::Pod;
 }
 
-/// An API object as the watcher reads it: checked as it is decoded, kept
-/// as the model's object (or the reason it was refused). Decoding it never
-/// fails, so one object the typed client could not read (a port given as
-/// a string) cannot fail the list or the watch of every other object of
-/// its resource: each is checked on its own with the checks the file
-/// source uses ([`ObjectVisitor`]). `K` names the resource (URL,
-/// apiVersion, kind).
+/// An API object as the watcher reads it: its text, or (when serde
+/// handed over a value instead of text) the checked object. Reading it
+/// never fails, so one object the typed client could not read (a port
+/// given as a string) cannot fail the list or the watch of every other
+/// object of its resource: each is checked on its own, with the checks the
+/// file source uses ([`RawObject::check`]). A list's items are checked
+/// off the watcher's task, a batch at a time, while it reads the next
+/// page. `K` names the resource (URL, apiVersion, kind).
 #[derive(Clone, Debug)]
 pub(super) struct RawObject<K> {
-    /// What the watcher itself reads: a watch event's resourceVersion.
-    resource_version: Option<String>,
-    /// The `ObjectMeta` the watcher reads it through, made on first use:
-    /// an `ObjectMeta` takes some 350 bytes even when empty, and a list's
-    /// items, which are never asked for theirs, are all decoded before the
-    /// first is consumed (~17 MB of them for a 50k-object list).
+    content: Content,
+    /// The `ObjectMeta` the watcher reads a watch event's resourceVersion
+    /// through, made on first use: an `ObjectMeta` takes some 350 bytes
+    /// even when empty, and a list's items are never asked for theirs.
     metadata: std::sync::OnceLock<Box<ObjectMeta>>,
+    resource: PhantomData<fn() -> K>,
+}
+
+#[derive(Clone, Debug)]
+enum Content {
+    /// The object's JSON text, not read yet.
+    Text(Waiting),
+    Checked(Checked),
+}
+
+/// Bytes of objects' text waiting to be checked, every resource together.
+static WAITING: AtomicUsize = AtomicUsize::new(0);
+/// Past this many, objects are checked as they are read: a list served
+/// in one piece (an API server's watch cache may ignore the page size)
+/// then holds its objects' text once, as the response, not a second time
+/// as items. Pages of 500 objects stay far below it.
+const WAITING_MAX: usize = 8 << 20;
+
+/// An object's text, counted in [`WAITING`] while it lives.
+#[derive(Debug)]
+struct Waiting(Box<str>);
+
+impl Waiting {
+    /// `None` when [`WAITING_MAX`] would be passed.
+    fn new(text: &str) -> Option<Waiting> {
+        WAITING
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                n.checked_add(text.len()).filter(|&m| m <= WAITING_MAX)
+            })
+            .ok()
+            .map(|_| Waiting(text.into()))
+    }
+}
+
+impl Clone for Waiting {
+    fn clone(&self) -> Self {
+        WAITING.fetch_add(self.0.len(), Ordering::Relaxed);
+        Waiting(self.0.clone())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        WAITING.fetch_sub(self.0.len(), Ordering::Relaxed);
+    }
+}
+
+/// One object, checked.
+#[derive(Clone, Debug)]
+pub(super) struct Checked {
+    resource_version: Option<String>,
     /// The object as the model has it, or why it was refused.
     pub(super) decoded: Result<Object, Rejection>,
     /// Its kind, namespace and name, all a delete needs.
     pub(super) reference: Result<ObjectRef, ObjectError>,
-    resource: PhantomData<fn() -> K>,
 }
 
 impl<'de, K: Watched> Deserialize<'de> for RawObject<K> {
@@ -95,9 +145,14 @@ impl<'de, K: Watched> serde::de::Visitor<'de> for ObjectVisitor<K> {
         let mut fields = serde_json::Map::new();
         while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
             if key == RAW_VALUE && fields.is_empty() {
-                // The list's own text, borrowed: no copy per object.
+                // The object's own text, checked later (or now, when too
+                // much text waits).
                 let Text(text) = map.next_value()?;
-                return RawObject::from_text(&text).map_err(serde::de::Error::custom);
+                let content = match Waiting::new(&text) {
+                    Some(waiting) => Content::Text(waiting),
+                    None => Content::Checked(RawObject::<K>::check_text(&text)),
+                };
+                return Ok(RawObject::new(content));
             }
             fields.insert(key.into_owned(), map.next_value()?);
         }
@@ -144,15 +199,33 @@ impl<'de> Deserialize<'de> for Text<'de> {
 }
 
 impl<K: Watched> RawObject<K> {
-    /// Decoded straight into `K`; the general path when `K` refuses it.
-    fn from_text(text: &str) -> serde_json::Result<Self> {
-        match serde_json::from_str::<K>(text) {
-            Ok(typed) => Ok(Self::typed(typed)),
-            Err(_) => serde_json::from_str(text).map(Self::general),
+    fn new(content: Content) -> Self {
+        RawObject {
+            content,
+            metadata: std::sync::OnceLock::new(),
+            resource: PhantomData,
         }
     }
 
-    fn typed(object: K) -> Self {
+    /// Checks the object (decoded straight into `K` from its text; the
+    /// general path when `K` refuses it). Pure: any thread may run it.
+    pub(super) fn check(self) -> Checked {
+        match self.content {
+            Content::Checked(c) => c,
+            Content::Text(waiting) => Self::check_text(&waiting.0),
+        }
+    }
+
+    fn check_text(text: &str) -> Checked {
+        match serde_json::from_str::<K>(text) {
+            Ok(typed) => Self::typed(typed),
+            // serde_json handed it over as the text of one value: it reads
+            // as a value.
+            Err(_) => Self::checked_value(serde_json::from_str(text).unwrap_or_default()),
+        }
+    }
+
+    fn typed(object: K) -> Checked {
         let m = object.meta();
         let resource_version = m.resource_version.clone();
         let reference = objects::object_ref_of(K::KIND, m.name.as_deref(), m.namespace.as_deref());
@@ -160,16 +233,18 @@ impl<K: Watched> RawObject<K> {
             object: reference.clone().ok(),
             error,
         });
-        RawObject {
+        Checked {
             resource_version,
-            metadata: std::sync::OnceLock::new(),
             decoded,
             reference,
-            resource: PhantomData,
         }
     }
 
     fn general(value: serde_json::Value) -> Self {
+        Self::new(Content::Checked(Self::checked_value(value)))
+    }
+
+    fn checked_value(value: serde_json::Value) -> Checked {
         #[cfg(test)]
         tests::GENERAL_PATH.with(|n| n.set(n.get() + 1));
         let resource_version = value
@@ -177,14 +252,29 @@ impl<K: Watched> RawObject<K> {
             .and_then(serde_json::Value::as_str)
             .map(str::to_owned);
         let reference = objects::object_ref(K::KIND, &value);
-        RawObject {
+        Checked {
             resource_version,
-            metadata: std::sync::OnceLock::new(),
             decoded: decode::<K>(value, reference.clone().ok()),
             reference,
-            resource: PhantomData,
         }
     }
+}
+
+/// `metadata.resourceVersion` of an object's text, read without the rest.
+fn resource_version_of(text: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Object {
+        metadata: Option<Meta>,
+    }
+    #[derive(Deserialize)]
+    struct Meta {
+        #[serde(rename = "resourceVersion")]
+        resource_version: Option<String>,
+    }
+    serde_json::from_str::<Object>(text)
+        .ok()?
+        .metadata?
+        .resource_version
 }
 
 impl<K: Resource> Resource for RawObject<K> {
@@ -204,8 +294,12 @@ impl<K: Resource> Resource for RawObject<K> {
     }
     fn meta(&self) -> &ObjectMeta {
         self.metadata.get_or_init(|| {
+            let resource_version = match &self.content {
+                Content::Text(waiting) => resource_version_of(&waiting.0),
+                Content::Checked(c) => c.resource_version.clone(),
+            };
             Box::new(ObjectMeta {
-                resource_version: self.resource_version.clone(),
+                resource_version,
                 ..ObjectMeta::default()
             })
         })
@@ -276,7 +370,7 @@ mod tests {
                           "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}});
         let raw = raw::<core::Service>(item);
         assert_eq!(raw.meta().resource_version.as_deref(), Some("7"));
-        let o = raw.decoded.unwrap();
+        let o = raw.check().decoded.unwrap();
         assert_eq!(o.object_ref().to_string(), "Service prod/web");
     }
 
@@ -295,13 +389,15 @@ mod tests {
         let item = json!({"metadata": {"name": "web", "namespace": "prod", "resourceVersion": "7"},
                           "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}});
         let general = RawObject::<core::Service>::general(item.clone());
-        assert!(general.decoded.is_ok());
+        let general_checked = general.clone().check();
+        assert!(general_checked.decoded.is_ok());
         let same = |raw: &RawObject<core::Service>, what: &str| {
             assert_eq!(raw.meta(), general.meta(), "{what}");
-            assert_eq!(raw.reference, general.reference, "{what}");
+            let checked = raw.clone().check();
+            assert_eq!(checked.reference, general_checked.reference, "{what}");
             assert_eq!(
-                raw.decoded.as_ref().ok(),
-                general.decoded.as_ref().ok(),
+                checked.decoded.as_ref().ok(),
+                general_checked.decoded.as_ref().ok(),
                 "{what}"
             );
         };
@@ -367,7 +463,7 @@ mod tests {
             ),
         ];
         for (v, want_reason, want_message) in cases {
-            let rejected = raw::<core::Service>(v.clone()).decoded.unwrap_err();
+            let rejected = raw::<core::Service>(v.clone()).check().decoded.unwrap_err();
             let Update::Rejected {
                 reason, message, ..
             } = rejected.update("services")
