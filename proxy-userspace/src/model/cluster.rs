@@ -2,6 +2,7 @@
 //! validate manifests / watch events into these types once, at the edge;
 //! nothing downstream re-validates.
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
@@ -493,11 +494,16 @@ impl Change {
 impl ClusterState {
     /// Applies one change; returns whether the state differs afterwards.
     pub fn apply(&mut self, change: Change) -> bool {
+        // One walk down the tree, not a lookup and then an insert.
         fn upsert<K: Ord, V: PartialEq>(map: &mut BTreeMap<K, V>, k: K, v: V) -> bool {
-            match map.get(&k) {
-                Some(old) if *old == v => false,
-                _ => {
-                    map.insert(k, v);
+            match map.entry(k) {
+                Entry::Occupied(e) if *e.get() == v => false,
+                Entry::Occupied(mut e) => {
+                    e.insert(v);
+                    true
+                }
+                Entry::Vacant(e) => {
+                    e.insert(v);
                     true
                 }
             }

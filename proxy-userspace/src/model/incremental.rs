@@ -24,7 +24,7 @@ use std::sync::Arc;
 // object of a large cluster and their keys are short.
 use hashbrown::HashMap;
 
-use super::cluster::{Change, ClusterState, EndpointSlice, Node, ObjectKey, ObjectKind};
+use super::cluster::{Change, ClusterState, EndpointSlice, Node, Object, ObjectKey, ObjectKind};
 use super::compute::{service_view, Env, NodeContext};
 use super::local::{LocalState, ServiceEndpoints};
 
@@ -105,17 +105,18 @@ impl Model {
             ObjectKind::Node => self.own_zone(),
             _ => None,
         };
+        // A slice's owner afterwards is the new version's (none once
+        // deleted): no second lookup once it is in place.
+        let slice_owner_after = match &change {
+            Change::Upsert(Object::EndpointSlice(s)) => s.service_key(),
+            _ => None,
+        };
         if !self.cluster.apply(change) {
             return false;
         }
         match r.kind {
             ObjectKind::Service => self.touch(r.key),
             ObjectKind::EndpointSlice => {
-                let owner_after = self
-                    .cluster
-                    .endpoint_slices
-                    .get(&r.key)
-                    .and_then(|s| s.service_key());
                 if let Some(before) = slice_owner_before {
                     if let Some(slices) = self.slices_of.get_mut(&before) {
                         if let Ok(i) = slices.binary_search(&r.key) {
@@ -127,7 +128,7 @@ impl Model {
                     }
                     self.touch(before);
                 }
-                if let Some(after) = owner_after {
+                if let Some(after) = slice_owner_after {
                     let slices = self.slices_of.entry(after.clone()).or_default();
                     if let Err(i) = slices.binary_search(&r.key) {
                         // Room for one more, not four: most Services have one.
