@@ -43,7 +43,7 @@ pub fn decode_object_json(text: &str) -> Option<Result<Decoded, ObjectError>> {
 /// The whole of `text` as a `T`, refusing duplicate keys.
 fn typed<T: serde::de::DeserializeOwned>(text: &str) -> Option<T> {
     let mut de = serde_json::Deserializer::from_str(text);
-    let value = T::deserialize(strict::Strict(&mut de)).ok()?;
+    let value = T::deserialize(strict::strict(&mut de)).ok()?;
     de.end().ok()?;
     Some(value)
 }

@@ -23,18 +23,88 @@ use serde::de::{
 use smallvec::SmallVec;
 
 /// The deserializer `D`, refusing duplicate keys.
-pub struct Strict<D>(pub D);
+pub type Strict<D> = Forward<D, CheckMaps>;
+
+/// [`Strict`] around `d`.
+pub fn strict<D>(d: D) -> Strict<D> {
+    Forward { d, wrap: CheckMaps }
+}
+
+/// A deserializer that forwards every call to `d`, the visitor wrapped by
+/// `W`: [`Strict`] (maps check their keys) and a map key's deserializer
+/// ([`NoteKey`]).
+pub struct Forward<D, W> {
+    d: D,
+    wrap: W,
+}
+
+/// How a [`Forward`] wraps the visitors it hands on.
+pub trait Wrap<'de> {
+    type Visitor<V: Visitor<'de>>: Visitor<'de, Value = V::Value>;
+
+    fn wrap<V: Visitor<'de>>(self, visitor: V) -> Self::Visitor<V>;
+
+    /// What `deserialize_ignored_any` asks of the inner deserializer.
+    fn ignored_any<D: Deserializer<'de>, V: Visitor<'de>>(
+        d: D,
+        visitor: Self::Visitor<V>,
+    ) -> Result<V::Value, D::Error>;
+}
+
+/// [`Strict`]'s wrapping: [`Checked`].
+pub struct CheckMaps;
+
+impl<'de> Wrap<'de> for CheckMaps {
+    type Visitor<V: Visitor<'de>> = Checked<V>;
+
+    fn wrap<V: Visitor<'de>>(self, visitor: V) -> Checked<V> {
+        Checked(visitor)
+    }
+
+    /// Walked, not skipped: a skipped object is checked too.
+    fn ignored_any<D: Deserializer<'de>, V: Visitor<'de>>(
+        d: D,
+        visitor: Checked<V>,
+    ) -> Result<V::Value, D::Error> {
+        d.deserialize_any(visitor)
+    }
+}
+
+/// A map key's wrapping: a key is text in JSON, whatever the decoder asks
+/// it for; any string it hands over is noted ([`KeyVisitor`]).
+struct NoteKey<'k, 'de> {
+    key: &'k mut Option<Cow<'de, str>>,
+}
+
+impl<'k, 'de> Wrap<'de> for NoteKey<'k, 'de> {
+    type Visitor<V: Visitor<'de>> = KeyVisitor<'k, 'de, V>;
+
+    fn wrap<V: Visitor<'de>>(self, visitor: V) -> KeyVisitor<'k, 'de, V> {
+        KeyVisitor {
+            visitor,
+            key: self.key,
+        }
+    }
+
+    /// Read as text: an ignored key still counts.
+    fn ignored_any<D: Deserializer<'de>, V: Visitor<'de>>(
+        d: D,
+        visitor: KeyVisitor<'k, 'de, V>,
+    ) -> Result<V::Value, D::Error> {
+        d.deserialize_str(visitor)
+    }
+}
 
 /// Forwards each named method with the visitor wrapped.
 macro_rules! forward {
     ($($method:ident)*) => {$(
         fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
-            self.0.$method(Checked(visitor))
+            self.d.$method(self.wrap.wrap(visitor))
         }
     )*};
 }
 
-impl<'de, D: Deserializer<'de>> Deserializer<'de> for Strict<D> {
+impl<'de, D: Deserializer<'de>, W: Wrap<'de>> Deserializer<'de> for Forward<D, W> {
     type Error = D::Error;
 
     forward! {
@@ -46,9 +116,8 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Strict<D> {
         deserialize_identifier
     }
 
-    /// Walked, not skipped: a skipped object is checked too.
     fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
-        self.0.deserialize_any(Checked(visitor))
+        W::ignored_any(self.d, self.wrap.wrap(visitor))
     }
 
     fn deserialize_unit_struct<V: Visitor<'de>>(
@@ -56,7 +125,8 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Strict<D> {
         name: &'static str,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        self.0.deserialize_unit_struct(name, Checked(visitor))
+        self.d
+            .deserialize_unit_struct(name, self.wrap.wrap(visitor))
     }
 
     fn deserialize_newtype_struct<V: Visitor<'de>>(
@@ -64,7 +134,8 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Strict<D> {
         name: &'static str,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        self.0.deserialize_newtype_struct(name, Checked(visitor))
+        self.d
+            .deserialize_newtype_struct(name, self.wrap.wrap(visitor))
     }
 
     fn deserialize_tuple<V: Visitor<'de>>(
@@ -72,7 +143,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Strict<D> {
         len: usize,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        self.0.deserialize_tuple(len, Checked(visitor))
+        self.d.deserialize_tuple(len, self.wrap.wrap(visitor))
     }
 
     fn deserialize_tuple_struct<V: Visitor<'de>>(
@@ -81,7 +152,8 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Strict<D> {
         len: usize,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        self.0.deserialize_tuple_struct(name, len, Checked(visitor))
+        self.d
+            .deserialize_tuple_struct(name, len, self.wrap.wrap(visitor))
     }
 
     fn deserialize_struct<V: Visitor<'de>>(
@@ -90,7 +162,8 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Strict<D> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        self.0.deserialize_struct(name, fields, Checked(visitor))
+        self.d
+            .deserialize_struct(name, fields, self.wrap.wrap(visitor))
     }
 
     fn deserialize_enum<V: Visitor<'de>>(
@@ -99,17 +172,18 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Strict<D> {
         variants: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        self.0.deserialize_enum(name, variants, Checked(visitor))
+        self.d
+            .deserialize_enum(name, variants, self.wrap.wrap(visitor))
     }
 
     fn is_human_readable(&self) -> bool {
-        self.0.is_human_readable()
+        self.d.is_human_readable()
     }
 }
 
 /// A visitor whose maps check their keys and whose nested values are
 /// read through [`Strict`].
-struct Checked<V>(V);
+pub struct Checked<V>(V);
 
 /// Forwards each named visit of a plain value.
 macro_rules! visit {
@@ -144,11 +218,11 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Checked<V> {
     }
 
     fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
-        self.0.visit_some(Strict(d))
+        self.0.visit_some(strict(d))
     }
 
     fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
-        self.0.visit_newtype_struct(Strict(d))
+        self.0.visit_newtype_struct(strict(d))
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<V::Value, A::Error> {
@@ -174,7 +248,7 @@ impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for StrictSeed<S> {
     type Value = S::Value;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<S::Value, D::Error> {
-        self.0.deserialize(Strict(d))
+        self.0.deserialize(strict(d))
     }
 }
 
@@ -277,142 +351,14 @@ impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for KeySeed<'_, 'de, S> 
     type Value = S::Value;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<S::Value, D::Error> {
-        self.seed.deserialize(KeyDeserializer { d, key: self.key })
-    }
-}
-
-/// A map key's deserializer: a key is text in JSON, whatever the decoder
-/// asks it for; any string it hands over is noted.
-struct KeyDeserializer<'k, 'de, D> {
-    d: D,
-    key: &'k mut Option<Cow<'de, str>>,
-}
-
-/// Forwards each named method with the visitor wrapped to note the key.
-macro_rules! forward_key {
-    ($($method:ident)*) => {$(
-        fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
-            self.d.$method(KeyVisitor { visitor, key: self.key })
-        }
-    )*};
-}
-
-impl<'de, D: Deserializer<'de>> Deserializer<'de> for KeyDeserializer<'_, 'de, D> {
-    type Error = D::Error;
-
-    forward_key! {
-        deserialize_any deserialize_bool deserialize_i8 deserialize_i16 deserialize_i32
-        deserialize_i64 deserialize_i128 deserialize_u8 deserialize_u16 deserialize_u32
-        deserialize_u64 deserialize_u128 deserialize_f32 deserialize_f64 deserialize_char
-        deserialize_str deserialize_string deserialize_bytes deserialize_byte_buf
-        deserialize_option deserialize_unit deserialize_seq deserialize_map
-        deserialize_identifier
-    }
-
-    /// Read as text: an ignored key still counts.
-    fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
-        self.d.deserialize_str(KeyVisitor {
-            visitor,
-            key: self.key,
+        self.seed.deserialize(Forward {
+            d,
+            wrap: NoteKey { key: self.key },
         })
     }
-
-    fn deserialize_unit_struct<V: Visitor<'de>>(
-        self,
-        name: &'static str,
-        visitor: V,
-    ) -> Result<V::Value, D::Error> {
-        self.d.deserialize_unit_struct(
-            name,
-            KeyVisitor {
-                visitor,
-                key: self.key,
-            },
-        )
-    }
-
-    fn deserialize_newtype_struct<V: Visitor<'de>>(
-        self,
-        name: &'static str,
-        visitor: V,
-    ) -> Result<V::Value, D::Error> {
-        self.d.deserialize_newtype_struct(
-            name,
-            KeyVisitor {
-                visitor,
-                key: self.key,
-            },
-        )
-    }
-
-    fn deserialize_tuple<V: Visitor<'de>>(
-        self,
-        len: usize,
-        visitor: V,
-    ) -> Result<V::Value, D::Error> {
-        self.d.deserialize_tuple(
-            len,
-            KeyVisitor {
-                visitor,
-                key: self.key,
-            },
-        )
-    }
-
-    fn deserialize_tuple_struct<V: Visitor<'de>>(
-        self,
-        name: &'static str,
-        len: usize,
-        visitor: V,
-    ) -> Result<V::Value, D::Error> {
-        self.d.deserialize_tuple_struct(
-            name,
-            len,
-            KeyVisitor {
-                visitor,
-                key: self.key,
-            },
-        )
-    }
-
-    fn deserialize_struct<V: Visitor<'de>>(
-        self,
-        name: &'static str,
-        fields: &'static [&'static str],
-        visitor: V,
-    ) -> Result<V::Value, D::Error> {
-        self.d.deserialize_struct(
-            name,
-            fields,
-            KeyVisitor {
-                visitor,
-                key: self.key,
-            },
-        )
-    }
-
-    fn deserialize_enum<V: Visitor<'de>>(
-        self,
-        name: &'static str,
-        variants: &'static [&'static str],
-        visitor: V,
-    ) -> Result<V::Value, D::Error> {
-        self.d.deserialize_enum(
-            name,
-            variants,
-            KeyVisitor {
-                visitor,
-                key: self.key,
-            },
-        )
-    }
-
-    fn is_human_readable(&self) -> bool {
-        self.d.is_human_readable()
-    }
 }
 
-struct KeyVisitor<'k, 'de, V> {
+pub struct KeyVisitor<'k, 'de, V> {
     visitor: V,
     key: &'k mut Option<Cow<'de, str>>,
 }
@@ -520,9 +466,9 @@ mod tests {
 
     use super::*;
 
-    fn strict<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_json::Error> {
+    fn decode_strict<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_json::Error> {
         let mut de = serde_json::Deserializer::from_str(text);
-        let value = T::deserialize(Strict(&mut de))?;
+        let value = T::deserialize(strict(&mut de))?;
         de.end()?;
         Ok(value)
     }
@@ -545,9 +491,9 @@ mod tests {
     fn values_read_as_without_the_adapter() {
         let text = r#"{"name":"a\"b","labels":{"x":"1","y":"2"},"items":[{"port":80},{"port":null}],"skipped":{"deep":[1,2.5,true,null,"s"]}}"#;
         let plain: Outer = serde_json::from_str(text).unwrap();
-        assert_eq!(strict::<Outer>(text).unwrap(), plain);
+        assert_eq!(decode_strict::<Outer>(text).unwrap(), plain);
         assert_eq!(
-            strict::<serde_json::Value>(text).unwrap(),
+            decode_strict::<serde_json::Value>(text).unwrap(),
             serde_json::from_str::<serde_json::Value>(text).unwrap()
         );
     }
@@ -563,7 +509,7 @@ mod tests {
             r#"{"name":"a","labels":{"x":"1","\u0078":"2"}}"#,
             r#"{"name":"a","skipped":{"deep":[{"k":1,"k":2}]}}"#,
         ] {
-            let e = strict::<Outer>(text).expect_err(text);
+            let e = decode_strict::<Outer>(text).expect_err(text);
             assert!(e.to_string().contains("duplicate"), "{text}: {e}");
         }
     }
@@ -572,10 +518,10 @@ mod tests {
     fn many_keys_are_checked_past_the_inline_ones() {
         let labels: Vec<String> = (0..40).map(|i| format!(r#""k{i}":"v""#)).collect();
         let ok = format!(r#"{{"name":"a","labels":{{{}}}}}"#, labels.join(","));
-        assert_eq!(strict::<Outer>(&ok).unwrap().labels.len(), 40);
+        assert_eq!(decode_strict::<Outer>(&ok).unwrap().labels.len(), 40);
         for dup in [r#""k3":"v""#, r#""k39":"v""#] {
             let text = ok.replace(r#""k20":"v""#, dup);
-            assert!(strict::<Outer>(&text).is_err(), "{dup}");
+            assert!(decode_strict::<Outer>(&text).is_err(), "{dup}");
         }
     }
 }
