@@ -6,6 +6,7 @@ pub mod file;
 pub mod kube;
 pub mod objects;
 pub mod typed_json;
+pub mod wire;
 
 use tokio::sync::mpsc;
 

@@ -11,6 +11,7 @@ use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::wire::{self, text, Meta, Obj, Text};
 use super::RejectReason;
 use crate::model::intern::{intern, intern_opt, ArcStr};
 use crate::model::{
@@ -70,35 +71,101 @@ pub enum Decoded {
     },
 }
 
-/// A typed API object of a kind the proxy reads.
-pub trait Project: serde::de::DeserializeOwned {
+/// A kind the proxy reads, and how: what its JSON decodes into (`Wire`:
+/// [`wire`]'s lean types for Services and EndpointSlices, k8s-openapi's
+/// for Nodes and Pods) and how that becomes the model's object.
+pub trait Project {
+    type Wire<'de>: serde::Deserialize<'de>;
+
+    /// The name, namespace and resourceVersion of a decoded object.
+    fn head<'w>(wire: &'w Self::Wire<'_>) -> Head<'w>;
+
     /// The model's object, validated ([`service`], [`endpoint_slice`],
     /// [`node`], [`pod`]).
-    fn project(self) -> Result<Object, ObjectError>;
+    fn project(wire: Self::Wire<'_>) -> Result<Object, ObjectError>;
+}
+
+/// A decoded object's `metadata.name`, `.namespace` and
+/// `.resourceVersion`, as given.
+pub struct Head<'w> {
+    pub name: Option<&'w str>,
+    pub namespace: Option<&'w str>,
+    pub resource_version: Option<&'w str>,
+}
+
+impl Head<'_> {
+    fn of_meta(m: &ObjectMeta) -> Head<'_> {
+        Head {
+            name: m.name.as_deref(),
+            namespace: m.namespace.as_deref(),
+            resource_version: m.resource_version.as_deref(),
+        }
+    }
+
+    fn of_wire<'w>(m: Option<&'w Obj<Meta<'_>>>) -> Head<'w> {
+        let m = m.map(|Obj(m)| m);
+        Head {
+            name: m.and_then(|m| m.name.as_deref()),
+            namespace: m.and_then(|m| m.namespace.as_deref()),
+            resource_version: m.and_then(|m| m.resource_version.as_deref()),
+        }
+    }
 }
 
 impl Project for core::Service {
-    fn project(self) -> Result<Object, ObjectError> {
-        service(self).map(|s| Object::Service(Box::new(s)))
+    type Wire<'de> = wire::Service<'de>;
+
+    fn head<'w>(w: &'w wire::Service<'_>) -> Head<'w> {
+        Head::of_wire(w.metadata.as_ref())
+    }
+
+    fn project(w: wire::Service<'_>) -> Result<Object, ObjectError> {
+        service(w).map(|s| Object::Service(Box::new(s)))
     }
 }
 
 impl Project for discovery::EndpointSlice {
-    fn project(self) -> Result<Object, ObjectError> {
-        endpoint_slice(self).map(Object::EndpointSlice)
+    type Wire<'de> = wire::EndpointSlice<'de>;
+
+    fn head<'w>(w: &'w wire::EndpointSlice<'_>) -> Head<'w> {
+        Head::of_wire(w.metadata.as_ref())
+    }
+
+    fn project(w: wire::EndpointSlice<'_>) -> Result<Object, ObjectError> {
+        endpoint_slice(w).map(Object::EndpointSlice)
     }
 }
 
 impl Project for core::Node {
-    fn project(self) -> Result<Object, ObjectError> {
-        node(self).map(Object::Node)
+    type Wire<'de> = core::Node;
+
+    fn head<'w>(n: &'w core::Node) -> Head<'w> {
+        Head::of_meta(&n.metadata)
+    }
+
+    fn project(n: core::Node) -> Result<Object, ObjectError> {
+        node(n).map(Object::Node)
     }
 }
 
 impl Project for core::Pod {
-    fn project(self) -> Result<Object, ObjectError> {
-        pod(self).map(Object::Pod)
+    type Wire<'de> = core::Pod;
+
+    fn head<'w>(p: &'w core::Pod) -> Head<'w> {
+        Head::of_meta(&p.metadata)
     }
+
+    fn project(p: core::Pod) -> Result<Object, ObjectError> {
+        pod(p).map(Object::Pod)
+    }
+}
+
+/// A `P` read from JSON (any deserializer: the text, a `Value`); an error
+/// when it does not have the shape of `P`'s kind.
+pub fn decode_wire<'de, P: Project, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<P::Wire<'de>, D::Error> {
+    <Obj<P::Wire<'de>> as serde::Deserialize>::deserialize(d).map(|Obj(w)| w)
 }
 
 /// Decodes one JSON value holding a Service, EndpointSlice, Node or Pod.
@@ -106,19 +173,18 @@ impl Project for core::Pod {
 pub fn decode_object(value: serde_json::Value) -> Result<Decoded, ObjectError> {
     let api_version = str_field(&value, "apiVersion")?;
     let kind = str_field(&value, "kind")?;
-    fn typed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, ObjectError> {
-        serde_json::from_value(v).map_err(|e| ObjectError {
+    fn typed<P: Project>(v: &serde_json::Value) -> Result<Object, ObjectError> {
+        let wire = decode_wire::<P, _>(v).map_err(|e| ObjectError {
             undecodable: true,
             ..invalid("object", e.to_string())
-        })
+        })?;
+        P::project(wire)
     }
     let object = match (api_version.as_str(), kind.as_str()) {
-        ("v1", "Service") => typed::<core::Service>(value)?.project()?,
-        ("discovery.k8s.io/v1", "EndpointSlice") => {
-            typed::<discovery::EndpointSlice>(value)?.project()?
-        }
-        ("v1", "Node") => typed::<core::Node>(value)?.project()?,
-        ("v1", "Pod") => typed::<core::Pod>(value)?.project()?,
+        ("v1", "Service") => typed::<core::Service>(&value)?,
+        ("discovery.k8s.io/v1", "EndpointSlice") => typed::<discovery::EndpointSlice>(&value)?,
+        ("v1", "Node") => typed::<core::Node>(&value)?,
+        ("v1", "Pod") => typed::<core::Pod>(&value)?,
         (_, "Service" | "EndpointSlice" | "Node" | "Pod") => {
             return Err(invalid(
                 "apiVersion",
@@ -169,17 +235,11 @@ fn str_field(value: &serde_json::Value, name: &str) -> Result<String, ObjectErro
     }
 }
 
-fn key(meta: &ObjectMeta) -> Result<ObjectKey, ObjectError> {
-    let name = meta
-        .name
-        .as_deref()
+fn key(name: Option<&str>, namespace: Option<&str>) -> Result<ObjectKey, ObjectError> {
+    let name = name
         .filter(|n| !n.is_empty())
         .ok_or_else(|| invalid("metadata.name", "is required"))?;
-    let namespace = meta
-        .namespace
-        .as_deref()
-        .filter(|n| !n.is_empty())
-        .unwrap_or("default");
+    let namespace = namespace.filter(|n| !n.is_empty()).unwrap_or("default");
     Ok(ObjectKey::new(namespace, name))
 }
 
@@ -242,7 +302,7 @@ fn validate_cidr(field: &str, cidr: &str) -> Result<String, ObjectError> {
 }
 
 /// Labels with their keys and values shared (both repeat across objects).
-fn labels(labels: Option<BTreeMap<String, String>>) -> Labels {
+fn labels_of(labels: Option<BTreeMap<String, String>>) -> Labels {
     labels
         .into_iter()
         .flatten()
@@ -257,9 +317,15 @@ fn timestamp(t: &Time) -> Timestamp {
     }
 }
 
-pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
-    let key = key(&svc.metadata)?;
-    let spec = svc
+/// The labels read with an object's metadata.
+fn labels(labels: Option<wire::WireLabels>) -> Labels {
+    labels.map(|l| l.0).unwrap_or_default()
+}
+
+pub fn service(svc: wire::Service<'_>) -> Result<Service, ObjectError> {
+    let meta = Meta::of(svc.metadata);
+    let key = key(meta.name.as_deref(), meta.namespace.as_deref())?;
+    let Obj(spec) = svc
         .spec
         .ok_or_else(|| invalid("spec", "is required for a Service"))?;
     let service_type = match spec.type_.as_deref() {
@@ -275,16 +341,16 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
         }
     };
 
-    let raw_cluster_ips: Vec<String> = match (&spec.cluster_ips, &spec.cluster_ip) {
-        (Some(ips), _) if !ips.is_empty() => ips.clone(),
-        (_, Some(ip)) => vec![ip.clone()],
-        _ => Vec::new(),
+    let raw_cluster_ips: &[Text<'_>] = match (&spec.cluster_ips, &spec.cluster_ip) {
+        (Some(ips), _) if !ips.is_empty() => ips,
+        (_, Some(ip)) => std::slice::from_ref(ip),
+        _ => &[],
     };
     // Sized as given: one or two addresses, not the four a first push
     // reserves (50,000 services).
     let mut cluster_ips = Vec::with_capacity(raw_cluster_ips.len());
     for (i, ip) in raw_cluster_ips.iter().enumerate() {
-        if ip.is_empty() || ip == "None" {
+        if ip.is_empty() || &**ip == "None" {
             continue;
         }
         cluster_ips.push(parse_ip(&format!("spec.clusterIPs[{i}]"), ip)?);
@@ -300,7 +366,8 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
     // As the API server checks: clusterIPs[i] is of family ipFamilies[i].
     for (i, family) in spec.ip_families.iter().flatten().enumerate() {
         let field = format!("spec.ipFamilies[{i}]");
-        let v4 = match family.as_str() {
+        let family: &str = family;
+        let v4 = match family {
             "IPv4" => true,
             "IPv6" => false,
             other => return Err(invalid(field, format!("{other:?} is not IPv4 or IPv6"))),
@@ -316,10 +383,10 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
     let spec_ports = spec.ports.unwrap_or_default();
     let mut ports = Vec::with_capacity(spec_ports.len());
     let mut seen = std::collections::BTreeSet::new();
-    for (i, p) in spec_ports.into_iter().enumerate() {
+    for (i, Obj(p)) in spec_ports.into_iter().enumerate() {
         let field = format!("spec.ports[{i}]");
         let protocol = protocol(&format!("{field}.protocol"), p.protocol.as_deref())?;
-        let port = port_number(&format!("{field}.port"), p.port, false)?;
+        let port = port_number(&format!("{field}.port"), p.port.unwrap_or(0), false)?;
         let node_port = port_number(&format!("{field}.nodePort"), p.node_port.unwrap_or(0), true)?;
         let target_port = match p.target_port {
             None => TargetPort::Number(port),
@@ -332,7 +399,7 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
                 Err(_) => TargetPort::Number(port),
             },
         };
-        let name = intern(p.name.as_deref().unwrap_or_default());
+        let name = intern(text(&p.name));
         if !seen.insert((name.clone(), protocol)) {
             return Err(invalid(
                 format!("{field}.name"),
@@ -357,10 +424,10 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
     let mut load_balancer_ingress = Vec::new();
     let ingress = svc
         .status
-        .and_then(|s| s.load_balancer)
-        .and_then(|lb| lb.ingress)
+        .and_then(|Obj(s)| s.load_balancer)
+        .and_then(|Obj(lb)| lb.ingress)
         .unwrap_or_default();
-    for (i, ing) in ingress.iter().enumerate() {
+    for (i, Obj(ing)) in ingress.iter().enumerate() {
         let Some(ip) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {
             continue; // hostname-only ingress: nothing to program
         };
@@ -386,8 +453,8 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
         Some("ClientIP") => {
             let timeout = spec
                 .session_affinity_config
-                .and_then(|c| c.client_ip)
-                .and_then(|c| c.timeout_seconds);
+                .and_then(|Obj(c)| c.client_ip)
+                .and_then(|Obj(c)| c.timeout_seconds);
             match timeout {
                 None => Some(DEFAULT_AFFINITY_TIMEOUT_SECONDS),
                 Some(t) if (1..=86400).contains(&t) => Some(t.unsigned_abs()),
@@ -422,13 +489,9 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
 
     Ok(Service {
         key,
-        uid: svc.metadata.uid.map(ArcStr::from).unwrap_or_default(),
-        labels: labels(svc.metadata.labels),
-        created: svc
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0.as_second()),
+        uid: meta.uid.as_deref().map(ArcStr::from).unwrap_or_default(),
+        labels: labels(meta.labels),
+        created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
         service_type,
         cluster_ips,
         external_ips,
@@ -456,9 +519,11 @@ pub fn service(svc: core::Service) -> Result<Service, ObjectError> {
     })
 }
 
-pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, ObjectError> {
-    let key = key(&slice.metadata)?;
-    let address_type = match slice.address_type.as_str() {
+pub fn endpoint_slice(slice: wire::EndpointSlice<'_>) -> Result<EndpointSlice, ObjectError> {
+    let meta = Meta::of(slice.metadata);
+    let key = key(meta.name.as_deref(), meta.namespace.as_deref())?;
+    let address_type_text = text(&slice.address_type);
+    let address_type = match address_type_text {
         "IPv4" => AddressType::Ipv4,
         "IPv6" => AddressType::Ipv6,
         "FQDN" => AddressType::Fqdn,
@@ -471,16 +536,16 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
     };
     let slice_ports = slice.ports.unwrap_or_default();
     let mut ports = Vec::with_capacity(slice_ports.len());
-    for (i, p) in slice_ports.into_iter().enumerate() {
+    for (i, Obj(p)) in slice_ports.into_iter().enumerate() {
         let field = format!("ports[{i}]");
         ports.push(EndpointSlicePort {
-            name: intern(p.name.as_deref().unwrap_or_default()),
+            name: intern(text(&p.name)),
             protocol: protocol(&format!("{field}.protocol"), p.protocol.as_deref())?,
             port: p
                 .port
                 .map(|n| port_number(&format!("{field}.port"), n, false))
                 .transpose()?,
-            app_protocol: p.app_protocol,
+            app_protocol: p.app_protocol.map(|t| t.0.into_owned()),
         });
     }
     let mut endpoints = Vec::new();
@@ -490,33 +555,35 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
         // The previous endpoint's pod reference, whose strings the next
         // one most likely repeats.
         let mut prev_ref: Option<TargetRef> = None;
-        for (i, ep) in slice_endpoints.into_iter().enumerate() {
+        for (i, Obj(ep)) in slice_endpoints.into_iter().enumerate() {
             // Named only when refused: a quarter of a million endpoints.
             let field = |rest: &str| format!("endpoints[{i}]{rest}");
             let first = ep
                 .addresses
+                .as_deref()
+                .unwrap_or_default()
                 .first()
                 .ok_or_else(|| invalid(field(".addresses"), "must not be empty"))?;
             let ip = ip_or_reason(first).map_err(|r| invalid(field(".addresses[0]"), r))?;
             if ip.is_ipv4() != (address_type == AddressType::Ipv4) {
                 return Err(invalid(
                     field(".addresses[0]"),
-                    format!("{ip} does not match addressType {}", slice.address_type),
+                    format!("{ip} does not match addressType {address_type_text}"),
                 ));
             }
-            let conditions = ep.conditions.unwrap_or_default();
-            let hints = ep.hints.map(|h| EndpointHints {
+            let conditions = ep.conditions.map(|Obj(c)| c).unwrap_or_default();
+            let hints = ep.hints.map(|Obj(h)| EndpointHints {
                 for_zones: h
                     .for_zones
                     .iter()
                     .flatten()
-                    .map(|z| intern(&z.name))
+                    .map(|Obj(z)| intern(text(&z.name)))
                     .collect(),
                 for_nodes: h
                     .for_nodes
                     .iter()
                     .flatten()
-                    .map(|n| intern(&n.name))
+                    .map(|Obj(n)| intern(text(&n.name)))
                     .collect(),
             });
             endpoints.push(Endpoint {
@@ -530,19 +597,13 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
                 hints: hints
                     .filter(|h| !h.for_zones.is_empty() || !h.for_nodes.is_empty())
                     .map(Arc::new),
-                target_ref: ep.target_ref.map(|r| {
+                target_ref: ep.target_ref.map(|Obj(r)| {
                     let prev = prev_ref.as_ref();
                     let r = TargetRef::new(
-                        intern_like(
-                            prev.map(TargetRef::kind),
-                            r.kind.as_deref().unwrap_or_default(),
-                        ),
-                        intern_like(
-                            prev.map(TargetRef::namespace),
-                            r.namespace.as_deref().unwrap_or_default(),
-                        ),
-                        r.name.as_deref().unwrap_or_default(),
-                        Uid::new(r.uid.as_deref().unwrap_or_default()),
+                        intern_like(prev.map(TargetRef::kind), text(&r.kind)),
+                        intern_like(prev.map(TargetRef::namespace), text(&r.namespace)),
+                        text(&r.name),
+                        Uid::new(text(&r.uid)),
                     );
                     prev_ref = Some(r.clone());
                     r
@@ -550,8 +611,8 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
             });
         }
     }
-    let annotations = slice.metadata.annotations.unwrap_or_default();
-    let last_change_trigger_time = match annotations.get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME) {
+    let trigger_time = meta.annotations.and_then(|t| t.0);
+    let last_change_trigger_time = match trigger_time.as_deref() {
         None => None,
         Some(t) => Some(parse_rfc3339(t).ok_or_else(|| {
             invalid(
@@ -562,7 +623,7 @@ pub fn endpoint_slice(slice: discovery::EndpointSlice) -> Result<EndpointSlice, 
     };
     Ok(EndpointSlice {
         key,
-        labels: labels(slice.metadata.labels),
+        labels: labels(meta.labels),
         address_type,
         ports,
         endpoints,
@@ -597,7 +658,7 @@ pub fn node(node: core::Node) -> Result<Node, ObjectError> {
     }
     Ok(Node {
         name,
-        labels: labels(node.metadata.labels),
+        labels: labels_of(node.metadata.labels),
         deleting: node.metadata.deletion_timestamp.is_some(),
         taint_keys: node
             .spec
@@ -611,7 +672,10 @@ pub fn node(node: core::Node) -> Result<Node, ObjectError> {
 }
 
 pub fn pod(pod: core::Pod) -> Result<Pod, ObjectError> {
-    let key = key(&pod.metadata)?;
+    let key = key(
+        pod.metadata.name.as_deref(),
+        pod.metadata.namespace.as_deref(),
+    )?;
     let annotations: BTreeMap<String, String> = pod.metadata.annotations.unwrap_or_default();
     let mut conditions = Vec::new();
     let status_conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();

@@ -11,26 +11,23 @@ fn decode(v: serde_json::Value) -> Result<Object, ObjectError> {
 #[test]
 fn a_cluster_ip_of_the_wrong_family_for_ip_families_is_rejected() {
     let svc = |ips: serde_json::Value, families: serde_json::Value| {
-        serde_json::from_value::<core::Service>(json!({
+        decode(json!({
+            "apiVersion": "v1", "kind": "Service",
             "metadata": {"name": "web", "namespace": "default"},
             "spec": {"clusterIPs": ips, "ipFamilies": families, "ports": [{"port": 80}]}
         }))
-        .unwrap()
     };
-    let err = service(svc(json!(["fd00::1"]), json!(["IPv4"]))).unwrap_err();
+    let err = svc(json!(["fd00::1"]), json!(["IPv4"])).unwrap_err();
     assert_eq!(err.field, "spec.clusterIPs[0]", "{err}");
-    let err = service(svc(
-        json!(["10.96.0.1", "10.96.0.2"]),
-        json!(["IPv4", "IPv6"]),
-    ));
+    let err = svc(json!(["10.96.0.1", "10.96.0.2"]), json!(["IPv4", "IPv6"]));
     assert!(err.is_err());
-    let err = service(svc(json!(["10.96.0.1"]), json!(["IPv5"]))).unwrap_err();
+    let err = svc(json!(["10.96.0.1"]), json!(["IPv5"])).unwrap_err();
     assert_eq!(err.field, "spec.ipFamilies[0]", "{err}");
-    let ok = service(svc(
-        json!(["10.96.0.1", "fd00::1"]),
-        json!(["IPv4", "IPv6"]),
-    ))
-    .unwrap();
+    let Object::Service(ok) =
+        svc(json!(["10.96.0.1", "fd00::1"]), json!(["IPv4", "IPv6"])).unwrap()
+    else {
+        panic!("not a service")
+    };
     assert_eq!(ok.cluster_ips.len(), 2);
 }
 

@@ -1,5 +1,5 @@
 //! [`decode_object_json`]: one JSON document's text decoded straight into
-//! its typed API object, then validated by [`super::objects`] as any other.
+//! its kind's wire type ([`super::wire`], or k8s-openapi's), then validated by [`super::objects`] as any other.
 //!
 //! The general path builds a `serde_json::Value` tree first (a map per
 //! object, a string per key) and then the typed object from it; at 50,000
@@ -17,7 +17,8 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 
-use super::objects::{Decoded, ObjectError, Project};
+use super::objects::{decode_wire, Decoded, ObjectError, Project};
+use crate::model::Object;
 
 mod strict;
 
@@ -29,23 +30,22 @@ mod strict;
 pub fn decode_object_json(text: &str) -> Option<Result<Decoded, ObjectError>> {
     let head = head(text)?;
     let object = match (head.api_version?.as_str(), head.kind?.as_str()) {
-        ("v1", "Service") => typed::<core::Service>(text)?.project(),
-        ("discovery.k8s.io/v1", "EndpointSlice") => {
-            typed::<discovery::EndpointSlice>(text)?.project()
-        }
-        ("v1", "Node") => typed::<core::Node>(text)?.project(),
-        ("v1", "Pod") => typed::<core::Pod>(text)?.project(),
+        ("v1", "Service") => typed::<core::Service>(text)?,
+        ("discovery.k8s.io/v1", "EndpointSlice") => typed::<discovery::EndpointSlice>(text)?,
+        ("v1", "Node") => typed::<core::Node>(text)?,
+        ("v1", "Pod") => typed::<core::Pod>(text)?,
         _ => return None,
     };
     Some(object.map(|o| Decoded::Object(Box::new(o))))
 }
 
-/// The whole of `text` as a `T`, refusing duplicate keys.
-fn typed<T: serde::de::DeserializeOwned>(text: &str) -> Option<T> {
+/// The whole of `text` as a `P`, refusing duplicate keys, then
+/// validated; `None` when it does not decode.
+fn typed<P: Project>(text: &str) -> Option<Result<Object, ObjectError>> {
     let mut de = serde_json::Deserializer::from_str(text);
-    let value = T::deserialize(strict::strict(&mut de)).ok()?;
+    let wire = decode_wire::<P, _>(strict::strict(&mut de)).ok()?;
     de.end().ok()?;
-    Some(value)
+    Some(P::project(wire))
 }
 
 /// The top-level `apiVersion` and `kind`, as far as they are strings.

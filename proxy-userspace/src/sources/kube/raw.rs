@@ -13,6 +13,7 @@ use kube::Resource;
 use serde::Deserialize;
 
 use super::super::objects::{self, Decoded, ObjectError, Project};
+use super::super::wire::Text;
 use super::Update;
 use crate::model::{Object, ObjectKind, ObjectRef};
 
@@ -167,37 +168,6 @@ impl<'de, K: Watched> serde::de::Visitor<'de> for ObjectVisitor<K> {
     }
 }
 
-/// A string borrowed from the text being read when the deserializer can
-/// lend it (serde_json reading a `&str`, as kube-rs does), owned
-/// otherwise. (`Cow<str>`'s own `Deserialize` always copies.)
-struct Text<'de>(Cow<'de, str>);
-
-impl<'de> Deserialize<'de> for Text<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Text<'de>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-
-            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Borrowed(s)))
-            }
-
-            fn visit_str<E>(self, s: &str) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Owned(s.to_owned())))
-            }
-
-            fn visit_string<E>(self, s: String) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Owned(s)))
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
 impl<K: Watched> RawObject<K> {
     fn new(content: Content) -> Self {
         RawObject {
@@ -217,19 +187,20 @@ impl<K: Watched> RawObject<K> {
     }
 
     fn check_text(text: &str) -> Checked {
-        match serde_json::from_str::<K>(text) {
-            Ok(typed) => Self::typed(typed),
+        let mut de = serde_json::Deserializer::from_str(text);
+        match objects::decode_wire::<K, _>(&mut de).and_then(|w| de.end().map(|()| w)) {
+            Ok(wire) => Self::typed(wire),
             // serde_json handed it over as the text of one value: it reads
             // as a value.
             Err(_) => Self::checked_value(serde_json::from_str(text).unwrap_or_default()),
         }
     }
 
-    fn typed(object: K) -> Checked {
-        let m = object.meta();
-        let resource_version = m.resource_version.clone();
-        let reference = objects::object_ref_of(K::KIND, m.name.as_deref(), m.namespace.as_deref());
-        let decoded = object.project().map_err(|error| Rejection {
+    fn typed(wire: K::Wire<'_>) -> Checked {
+        let head = K::head(&wire);
+        let resource_version = head.resource_version.map(str::to_owned);
+        let reference = objects::object_ref_of(K::KIND, head.name, head.namespace);
+        let decoded = K::project(wire).map_err(|error| Rejection {
             object: reference.clone().ok(),
             error,
         });
