@@ -370,3 +370,67 @@ async fn an_undecodable_service_does_not_stall_the_others() {
         "once more each"
     );
 }
+
+/// An API server answering a list from its watch cache ignores `limit`:
+/// the whole list comes in one piece. Past 8 MB of objects' text waiting
+/// to be checked on other threads, the source checks the rest as it reads
+/// them. Every object arrives whichever way it was checked, and a refused
+/// one is counted at either end of the list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_twelve_megabyte_list_in_one_piece_syncs_whole() {
+    let api = FakeApiServer::start().await;
+    api.set_unpaged(true);
+    // What `kubectl apply` keeps of each object: 24 KiB a slice here,
+    // 12 MB over the 500.
+    let applied = "x".repeat(24 << 10);
+    let service_ip = |i: u32| format!("10.96.{}.{}", i / 250, i % 250 + 1);
+    for i in 0..500u32 {
+        let name = format!("svc-{i:03}");
+        api.apply(service("bulk", &name, &service_ip(i)));
+        let ips: Vec<String> = (1..=4)
+            .map(|j| format!("10.{}.{}.{j}", 100 + i / 250, i % 250))
+            .collect();
+        let mut s = slice("bulk", &name, &ips);
+        s["metadata"]["annotations"] =
+            json!({"kubectl.kubernetes.io/last-applied-configuration": applied});
+        api.apply(s);
+    }
+    // Refused: the first slice listed (its text waits) and the last
+    // (checked as it is read).
+    for (i, name) in [(500, "aaa"), (501, "zzz")] {
+        api.apply(service("bulk", name, &service_ip(i)));
+        let mut bad = slice("bulk", name, &["10.200.0.1".into()]);
+        bad["ports"][0]["port"] = json!("eighty");
+        api.apply(bad);
+    }
+    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let d = start(&api).await;
+
+    let s = wait_state(&d, 0, 0, Duration::from_secs(30), |s| {
+        s.services.len() == 502
+    })
+    .await;
+    for svc in &s.services {
+        let name = &svc.service.as_ref().unwrap().name;
+        let want = if name.starts_with("svc-") { 4 } else { 0 };
+        assert_eq!(svc.endpoints.len(), want, "{name}");
+    }
+    let last = s
+        .services
+        .iter()
+        .find(|x| x.service.as_ref().unwrap().name == "svc-499")
+        .unwrap();
+    let ips: Vec<&str> = last.endpoints.iter().map(|e| e.ip.as_str()).collect();
+    assert_eq!(
+        ips,
+        [
+            "10.101.249.1",
+            "10.101.249.2",
+            "10.101.249.3",
+            "10.101.249.4"
+        ]
+    );
+    assert_eq!(rejected(&d, "undecodable", 2.0).await, 2.0);
+    wait_log(&d, "EndpointSlice bulk/aaa-abc: ").await;
+    wait_log(&d, "EndpointSlice bulk/zzz-abc: ").await;
+}

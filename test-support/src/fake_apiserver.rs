@@ -94,6 +94,8 @@ struct State {
     /// See [`FakeApiServer::expire_continue`].
     expire_continue: Option<(u64, (String, String, String))>,
     continue_requests: u64,
+    /// See [`FakeApiServer::set_unpaged`].
+    unpaged: bool,
 }
 
 impl State {
@@ -245,6 +247,12 @@ impl FakeApiServer {
         let (kind, ns, name) = deleted;
         self.state.lock().unwrap().expire_continue =
             Some((nth, (kind.to_owned(), ns.to_owned(), name.to_owned())));
+    }
+
+    /// While set, lists ignore `limit` and come in one piece, as an API
+    /// server answers a list from its watch cache.
+    pub fn set_unpaged(&self, unpaged: bool) {
+        self.state.lock().unwrap().unpaged = unpaged;
     }
 
     /// Ends every open watch stream (clients re-watch from their last rv).
@@ -567,6 +575,7 @@ fn handle(
             );
         }
         let rv = rv.unwrap_or(st.rv);
+        let limit = if st.unpaged { usize::MAX } else { limit };
         // From after the last object sent, one more than a page (to know
         // whether another follows).
         let from = after
