@@ -11,6 +11,7 @@ use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+pub use super::wire::ANNOTATION_LAST_CHANGE_TRIGGER_TIME;
 use super::wire::{self, text, Meta, Obj, Text};
 use super::RejectReason;
 use crate::model::intern::{intern, intern_opt, ArcStr};
@@ -22,10 +23,6 @@ use crate::model::{
 };
 use crate::net::Cidr;
 
-/// Annotation with the time of the change that triggered an EndpointSlice
-/// update (used for network programming latency).
-pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
-    "endpoints.kubernetes.io/last-change-trigger-time";
 /// Annotation marking the mirror pod of a static pod.
 pub const ANNOTATION_CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
 
