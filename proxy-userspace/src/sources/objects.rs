@@ -171,10 +171,22 @@ pub fn decode_object(value: serde_json::Value) -> Result<Decoded, ObjectError> {
     let api_version = str_field(&value, "apiVersion")?;
     let kind = str_field(&value, "kind")?;
     fn typed<P: Project>(v: &serde_json::Value) -> Result<Object, ObjectError> {
-        let wire = decode_wire::<P, _>(v).map_err(|e| ObjectError {
-            undecodable: true,
-            ..invalid("object", e.to_string())
-        })?;
+        let mut track = serde_path_to_error::Track::new();
+        let wire = decode_wire::<P, _>(serde_path_to_error::Deserializer::new(v, &mut track))
+            .map_err(|e| {
+                // The field of the wrong type (`spec.ports[0].port`); the
+                // object itself when it is not one.
+                let path = track.path().to_string();
+                let field = if path == "." {
+                    "object".to_owned()
+                } else {
+                    path
+                };
+                ObjectError {
+                    undecodable: true,
+                    ..invalid(field, e.to_string())
+                }
+            })?;
         P::project(wire)
     }
     let object = match (api_version.as_str(), kind.as_str()) {

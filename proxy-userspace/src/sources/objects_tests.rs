@@ -98,6 +98,16 @@ fn a_field_of_the_wrong_type_is_undecodable_and_a_bad_value_invalid() {
     };
     let err = decode(svc(json!("eighty"))).unwrap_err();
     assert_eq!(err.reject_reason(), RejectReason::Undecodable, "{err}");
+    // Named by where it is, as an operator would look for it.
+    assert_eq!(err.field, "spec.ports[0].port", "{err}");
+    let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                       "metadata": {"name": "s"}, "addressType": "IPv4",
+                       "endpoints": [{"addresses": ["10.0.0.1"]},
+                                     {"addresses": ["10.0.0.2"], "conditions": [true]}]});
+    let err = decode(slice).unwrap_err();
+    assert_eq!(err.field, "endpoints[1].conditions", "{err}");
+    let not_an_object = json!({"apiVersion": "v1", "kind": "Service", "metadata": "a"});
+    assert_eq!(decode(not_an_object).unwrap_err().field, "metadata");
     let err = decode(svc(json!(0))).unwrap_err();
     assert_eq!(err.reject_reason(), RejectReason::InvalidObject, "{err}");
 }

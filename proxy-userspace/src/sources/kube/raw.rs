@@ -410,12 +410,12 @@ mod tests {
             (
                 json!({"metadata": {"name": "bad"}, "spec": {"ports": [{"port": "eighty"}]}}),
                 RejectReason::Undecodable,
-                "Service default/bad: object: ",
+                "Service default/bad: spec.ports[0].port: invalid type: string \"eighty\"",
             ),
             (
                 json!({"metadata": {"name": "bad"}, "spec": {"ports": "x"}}),
                 RejectReason::Undecodable,
-                "Service default/bad: object: ",
+                "Service default/bad: spec.ports: invalid type: string \"x\"",
             ),
             (
                 json!({"metadata": {"name": "bad", "namespace": "p"}, "spec": {"ports": [{"port": 70000}]}}),
@@ -425,7 +425,7 @@ mod tests {
             (
                 json!({"metadata": {"name": 5}, "spec": {}}),
                 RejectReason::Undecodable,
-                "an object without a name: object: ",
+                "an object without a name: metadata.name: invalid type: integer",
             ),
             (
                 json!("not an object"),
