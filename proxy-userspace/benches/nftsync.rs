@@ -89,7 +89,7 @@ fn baseline_text(state: &LocalState) -> String {
         for r in rs {
             out.push(format!("add rule {t} {name} {}", r.text(f)));
         }
-        let ip = se.service.cluster_ips.v4[0];
+        let ip = se.service.cluster_ips.v4()[0];
         elements.push(format!(
             "{ip} . tcp . {} : goto {name}",
             se.service.ports[0].port

@@ -77,7 +77,7 @@ fn nftables_check_at_10k_services_is_clean_fast_and_finds_a_deleted_element() {
             let svc = &full.services[0].service;
             // So is its first endpoint.
             let frontend = [
-                KeyPart::Addr(std::net::IpAddr::V4(svc.cluster_ips.v4[0])),
+                KeyPart::Addr(std::net::IpAddr::V4(svc.cluster_ips.v4()[0])),
                 KeyPart::Proto(6),
                 KeyPart::Port(svc.ports[0].port),
             ];

@@ -46,8 +46,8 @@ fn traffic_policy(p: TrafficPolicy) -> pb::TrafficPolicy {
 
 fn ip_set(s: &IpSet) -> pb::IpSet {
     pb::IpSet {
-        v4: s.v4.iter().map(ToString::to_string).collect(),
-        v6: s.v6.iter().map(ToString::to_string).collect(),
+        v4: s.v4().iter().map(ToString::to_string).collect(),
+        v6: s.v6().iter().map(ToString::to_string).collect(),
     }
 }
 

@@ -5,7 +5,6 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-use smallvec::SmallVec;
 use triomphe::ThinArc;
 
 use super::cluster::{EndpointHints, Labels, ObjectKey, Protocol, TrafficPolicy};
@@ -21,12 +20,37 @@ pub enum LocalServiceType {
 }
 
 /// Addresses of one kind, split by family, each list sorted and deduplicated.
-/// Two IPv4 addresses fit inline, in the room a boxed slice takes: a
-/// service's cluster IP needs no heap block of its own.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct IpSet {
-    pub v4: SmallVec<[Ipv4Addr; 2]>,
-    pub v6: Box<[Ipv6Addr]>,
+///
+/// 16 bytes: up to two IPv4 addresses are kept inline (a service's cluster
+/// IP; no address at all, as for most services' external and
+/// load-balancer addresses), anything else in one heap block. A service
+/// holds three of these, 50,000 services 150,000: an inline small vector
+/// for IPv4 beside a boxed slice for IPv6 took 40 bytes each.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct IpSet(Repr);
+
+/// One form per set (a set that fits inline is never on the heap, unused
+/// inline slots are unspecified addresses), so the derived equality and
+/// hash are the set's.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Repr {
+    Inline { len: u8, v4: [Ipv4Addr; 2] },
+    Heap(Box<Lists>),
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Lists {
+    v4: Box<[Ipv4Addr]>,
+    v6: Box<[Ipv6Addr]>,
+}
+
+impl Default for Repr {
+    fn default() -> Self {
+        Repr::Inline {
+            len: 0,
+            v4: [Ipv4Addr::UNSPECIFIED; 2],
+        }
+    }
 }
 
 impl IpSet {
@@ -42,22 +66,55 @@ impl IpSet {
         v4.dedup();
         v6.sort_unstable();
         v6.dedup();
-        IpSet {
-            v4: SmallVec::from_slice(&v4),
-            v6: v6.into(),
+        match (v4.as_slice(), v6.is_empty()) {
+            (&[], true) => IpSet::default(),
+            (&[a], true) => IpSet(Repr::Inline {
+                len: 1,
+                v4: [a, Ipv4Addr::UNSPECIFIED],
+            }),
+            (&[a, b], true) => IpSet(Repr::Inline { len: 2, v4: [a, b] }),
+            _ => IpSet(Repr::Heap(Box::new(Lists {
+                v4: v4.into(),
+                v6: v6.into(),
+            }))),
+        }
+    }
+
+    /// The IPv4 addresses, sorted.
+    pub fn v4(&self) -> &[Ipv4Addr] {
+        match &self.0 {
+            Repr::Inline { len, v4 } => &v4[..usize::from(*len)],
+            Repr::Heap(lists) => &lists.v4,
+        }
+    }
+
+    /// The IPv6 addresses, sorted.
+    pub fn v6(&self) -> &[Ipv6Addr] {
+        match &self.0 {
+            Repr::Inline { .. } => &[],
+            Repr::Heap(lists) => &lists.v6,
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.v4.is_empty() && self.v6.is_empty()
+        self.v4().is_empty() && self.v6().is_empty()
     }
 
     /// All addresses, IPv4 first.
     pub fn iter(&self) -> impl Iterator<Item = IpAddr> + '_ {
-        self.v4
+        self.v4()
             .iter()
             .map(|a| IpAddr::V4(*a))
-            .chain(self.v6.iter().map(|a| IpAddr::V6(*a)))
+            .chain(self.v6().iter().map(|a| IpAddr::V6(*a)))
+    }
+}
+
+impl std::fmt::Debug for IpSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpSet")
+            .field("v4", &self.v4())
+            .field("v6", &self.v6())
+            .finish()
     }
 }
 
@@ -311,5 +368,52 @@ pub fn for_each_changed<'a>(
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(addrs: &[&str]) -> IpSet {
+        let ips: Vec<IpAddr> = addrs.iter().map(|a| a.parse().unwrap()).collect();
+        IpSet::from_ips(&ips)
+    }
+
+    #[test]
+    fn an_ip_set_reads_back_sorted_and_deduplicated_in_either_form() {
+        assert_eq!(std::mem::size_of::<IpSet>(), 16);
+        let empty = set(&[]);
+        assert!(empty.is_empty() && empty == IpSet::default());
+        for addrs in [
+            &["10.0.0.2", "10.0.0.1", "10.0.0.2"][..],
+            &["10.0.0.3", "10.0.0.1", "10.0.0.2"],
+            &["fd00::2", "10.0.0.1", "fd00::1", "fd00::2"],
+            &["fd00::1"],
+        ] {
+            let s = set(addrs);
+            let mut want: Vec<IpAddr> = addrs.iter().map(|a| a.parse().unwrap()).collect();
+            want.sort_by_key(|ip| (ip.is_ipv6(), *ip));
+            want.dedup();
+            assert_eq!(s.iter().collect::<Vec<_>>(), want, "{addrs:?}");
+            assert_eq!(s.v4().len() + s.v6().len(), want.len());
+            // The same set given in another order is equal, hash and all.
+            let mut reversed = addrs.to_vec();
+            reversed.reverse();
+            let r = set(&reversed);
+            assert_eq!(r, s);
+            let hash = |x: &IpSet| {
+                use std::hash::{BuildHasher, BuildHasherDefault};
+                BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+                    .hash_one(x)
+            };
+            assert_eq!(hash(&r), hash(&s));
+        }
+        assert_ne!(set(&["10.0.0.1"]), set(&["10.0.0.1", "10.0.0.2"]));
+        assert_ne!(set(&["10.0.0.1"]), set(&["10.0.0.1", "fd00::1"]));
+        assert_eq!(
+            format!("{:?}", set(&["10.0.0.1", "fd00::1"])),
+            "IpSet { v4: [10.0.0.1], v6: [fd00::1] }"
+        );
     }
 }

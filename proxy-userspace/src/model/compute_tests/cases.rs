@@ -487,7 +487,7 @@ pub(super) fn cases() -> Vec<Case> {
                 Check(|s| {
                     let svc = &get(s, "web").service;
                     assert_eq!(
-                        &*svc.load_balancer_ips.v4,
+                        svc.load_balancer_ips.v4(),
                         [std::net::Ipv4Addr::new(192, 0, 2, 10)].as_slice()
                     );
                     assert_eq!(svc.external_traffic_policy, TrafficPolicy::Local);
