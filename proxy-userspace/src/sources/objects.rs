@@ -11,8 +11,7 @@ use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-pub use super::wire::ANNOTATION_LAST_CHANGE_TRIGGER_TIME;
-use super::wire::{self, text, Meta, Obj, Text};
+use super::wire::{self, text, Meta, Obj, Text, ANNOTATION_LAST_CHANGE_TRIGGER_TIME};
 use super::RejectReason;
 use crate::model::intern::{intern, intern_opt, ArcStr};
 use crate::model::{

@@ -1,5 +1,6 @@
 //! [`decode_object_json`]: one JSON document's text decoded straight into
-//! its kind's wire type ([`super::wire`], or k8s-openapi's), then validated by [`super::objects`] as any other.
+//! its kind's wire type ([`super::wire`], or k8s-openapi's), then
+//! validated by [`super::objects`] as any other.
 //!
 //! The general path builds a `serde_json::Value` tree first (a map per
 //! object, a string per key) and then the typed object from it; at 50,000
