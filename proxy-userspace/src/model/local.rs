@@ -54,7 +54,15 @@ impl Default for Repr {
 }
 
 impl IpSet {
-    pub fn from_ips<'a>(ips: impl IntoIterator<Item = &'a IpAddr>) -> Self {
+    pub fn from_ips<'a, I>(ips: I) -> Self
+    where
+        I: IntoIterator<Item = &'a IpAddr>,
+        I::IntoIter: Clone,
+    {
+        let ips = ips.into_iter();
+        if let Some(inline) = Self::inline_of(ips.clone()) {
+            return inline;
+        }
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
         for ip in ips {
             match ip {
@@ -66,18 +74,29 @@ impl IpSet {
         v4.dedup();
         v6.sort_unstable();
         v6.dedup();
-        match (v4.as_slice(), v6.is_empty()) {
-            (&[], true) => IpSet::default(),
-            (&[a], true) => IpSet(Repr::Inline {
-                len: 1,
-                v4: [a, Ipv4Addr::UNSPECIFIED],
-            }),
-            (&[a, b], true) => IpSet(Repr::Inline { len: 2, v4: [a, b] }),
-            _ => IpSet(Repr::Heap(Box::new(Lists {
-                v4: v4.into(),
-                v6: v6.into(),
-            }))),
+        IpSet(Repr::Heap(Box::new(Lists {
+            v4: v4.into(),
+            v6: v6.into(),
+        })))
+    }
+
+    /// The inline form of `ips` when they are at most two distinct IPv4
+    /// addresses (nearly every set), built without a heap list.
+    fn inline_of<'a>(ips: impl Iterator<Item = &'a IpAddr>) -> Option<Self> {
+        let mut v4 = [Ipv4Addr::UNSPECIFIED; 2];
+        let mut len = 0;
+        for ip in ips {
+            let IpAddr::V4(a) = ip else { return None };
+            if v4[..len].contains(a) {
+                continue;
+            }
+            *v4.get_mut(len)? = *a;
+            len += 1;
         }
+        if v4[1] < v4[0] && len == 2 {
+            v4.swap(0, 1);
+        }
+        Some(IpSet(Repr::Inline { len: len as u8, v4 }))
     }
 
     /// The IPv4 addresses, sorted.
@@ -387,6 +406,9 @@ mod tests {
         assert!(empty.is_empty() && empty == IpSet::default());
         for addrs in [
             &["10.0.0.2", "10.0.0.1", "10.0.0.2"][..],
+            &["10.0.0.2", "10.0.0.2", "10.0.0.1", "10.0.0.1", "10.0.0.2"],
+            &["10.0.0.1", "10.0.0.1", "10.0.0.1"],
+            &["0.0.0.0", "10.0.0.1"],
             &["10.0.0.3", "10.0.0.1", "10.0.0.2"],
             &["fd00::2", "10.0.0.1", "fd00::1", "fd00::2"],
             &["fd00::1"],
@@ -411,6 +433,12 @@ mod tests {
         }
         assert_ne!(set(&["10.0.0.1"]), set(&["10.0.0.1", "10.0.0.2"]));
         assert_ne!(set(&["10.0.0.1"]), set(&["10.0.0.1", "fd00::1"]));
+        assert_ne!(set(&["0.0.0.0"]), set(&[]));
+        // One form per set, however many duplicates it was given.
+        assert_eq!(
+            set(&["10.0.0.2", "10.0.0.1", "10.0.0.2", "10.0.0.1"]),
+            set(&["10.0.0.1", "10.0.0.2"])
+        );
         assert_eq!(
             format!("{:?}", set(&["10.0.0.1", "fd00::1"])),
             "IpSet { v4: [10.0.0.1], v6: [fd00::1] }"

@@ -15,10 +15,7 @@ use std::fmt;
 
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 
-use k8s_openapi::api::core::v1 as core;
-use k8s_openapi::api::discovery::v1 as discovery;
-
-use super::objects::{decode_wire, Decoded, ObjectError, Project};
+use super::objects::{decode_wire, for_kind, Decoded, ForKind, ObjectError, Project};
 use crate::model::Object;
 
 mod strict;
@@ -30,13 +27,14 @@ mod strict;
 /// refuses.
 pub fn decode_object_json(text: &str) -> Option<Result<Decoded, ObjectError>> {
     let head = head(text)?;
-    let object = match (head.api_version?.as_str(), head.kind?.as_str()) {
-        ("v1", "Service") => typed::<core::Service>(text)?,
-        ("discovery.k8s.io/v1", "EndpointSlice") => typed::<discovery::EndpointSlice>(text)?,
-        ("v1", "Node") => typed::<core::Node>(text)?,
-        ("v1", "Pod") => typed::<core::Pod>(text)?,
-        _ => return None,
-    };
+    struct FromText<'t>(&'t str);
+    impl ForKind for FromText<'_> {
+        type Out = Option<Result<Object, ObjectError>>;
+        fn run<P: Project>(self) -> Self::Out {
+            typed::<P>(self.0)
+        }
+    }
+    let object = for_kind(&head.api_version?, &head.kind?, FromText(text))??;
     Some(object.map(|o| Decoded::Object(Box::new(o))))
 }
 
