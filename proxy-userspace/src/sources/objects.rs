@@ -3,6 +3,7 @@
 //! an object that fails here never reaches the model.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -203,8 +204,8 @@ pub fn decode_object(value: serde_json::Value) -> Result<Decoded, ObjectError> {
             .map_err(|e| {
                 // The field of the wrong type (`spec.ports[0].port`); the
                 // object itself when it is not one.
-                let path = track.path().to_string();
-                let field = if path == "." {
+                let path = field_path(&track.path());
+                let field = if path.is_empty() {
                     "object".to_owned()
                 } else {
                     path
@@ -233,6 +234,38 @@ pub fn decode_object(value: serde_json::Value) -> Result<Decoded, ObjectError> {
         }
         None => Ok(Decoded::Ignored { api_version, kind }),
     }
+}
+
+/// A decoding error's path as the API server names fields:
+/// `spec.ports[0].port`, and a map key that is not a plain field name in
+/// brackets, `metadata.labels[app.kubernetes.io/name]` (not
+/// `serde_path_to_error`'s dotted `metadata.labels.app.kubernetes.io/name`).
+fn field_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => {
+                let _ = write!(out, "[{index}]");
+            }
+            Segment::Map { key }
+                if !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric()) =>
+            {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+            }
+            Segment::Map { key } => {
+                let _ = write!(out, "[{key}]");
+            }
+            Segment::Enum { variant } => {
+                let _ = write!(out, ".{variant}");
+            }
+            Segment::Unknown => out.push_str(".?"),
+        }
+    }
+    out
 }
 
 /// Something done with the [`Project`] type of an object's kind: what

@@ -106,6 +106,16 @@ fn a_field_of_the_wrong_type_is_undecodable_and_a_bad_value_invalid() {
                                      {"addresses": ["10.0.0.2"], "conditions": [true]}]});
     let err = decode(slice).unwrap_err();
     assert_eq!(err.field, "endpoints[1].conditions", "{err}");
+    // A map key that is not a field name is bracketed, as the API server
+    // names it.
+    let label = json!({"apiVersion": "v1", "kind": "Service",
+                       "metadata": {"name": "a", "labels": {"app.kubernetes.io/name": 7}},
+                       "spec": {}});
+    let err = decode(label).unwrap_err();
+    assert_eq!(
+        err.field, "metadata.labels[app.kubernetes.io/name]",
+        "{err}"
+    );
     let not_an_object = json!({"apiVersion": "v1", "kind": "Service", "metadata": "a"});
     assert_eq!(decode(not_an_object).unwrap_err().field, "metadata");
     let err = decode(svc(json!(0))).unwrap_err();
