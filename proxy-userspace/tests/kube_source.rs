@@ -270,6 +270,42 @@ async fn start_with(services: &[(&str, &str)]) -> (FakeApiServer, Daemon, State)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relist_takes_in_only_what_changed_while_the_watch_was_down() {
+    let services: Vec<(String, String)> = (0..20)
+        .map(|i| (format!("svc-{i:02}"), format!("10.96.0.{}", 10 + i)))
+        .collect();
+    let refs: Vec<(&str, &str)> = services
+        .iter()
+        .map(|(n, ip)| (n.as_str(), ip.as_str()))
+        .collect();
+    let (api, d, s) = start_with(&refs).await;
+    assert_eq!(s.services.len(), 20);
+
+    relist_with(&api, |api| {
+        api.apply(service("default", "svc-01", "10.96.1.1"));
+        api.delete("Service", "default", "svc-02");
+        api.apply(service("default", "svc-new", "10.96.1.2"));
+    });
+
+    let after = wait_state(&d, s.instance_id, s.rev, Duration::from_secs(10), |s| {
+        names(s).contains(&"svc-new".to_owned())
+    })
+    .await;
+    let n = names(&after);
+    assert_eq!(n.len(), 20, "{n:?}");
+    assert!(!n.contains(&"svc-02".to_owned()), "{n:?}");
+    assert_eq!(cluster_ip(&after, "svc-01"), "10.96.1.1");
+    assert_eq!(cluster_ip(&after, "svc-03"), "10.96.0.13");
+    // The 18 Services listed at the version the daemon has were counted,
+    // not decoded again.
+    wait_log(
+        &d,
+        "relisted resource=\"services\" changed=2 deleted=1 unchanged=18",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relist_keeps_the_last_good_version_of_an_object_now_invalid() {
     let (api, d, s) = start_with(&[("keep", "10.96.0.10"), ("gone", "10.96.0.11")]).await;
     assert_eq!(names(&s), ["gone", "keep"]);

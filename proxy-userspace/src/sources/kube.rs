@@ -4,7 +4,9 @@
 //!
 //! Never partial: a (re)list is buffered from `Init` to `InitDone` and then
 //! applied as one batch (with deletes for objects that vanished meanwhile),
-//! so a dropped watch or a 410 Gone never publishes half a list. `Synced` is
+//! so a dropped watch or a 410 Gone never publishes half a list. What is
+//! buffered is what changed: a listed object at the resourceVersion the
+//! model already has is not even decoded ([`known`]). `Synced` is
 //! sent once every resource has completed its first list. Watch errors are
 //! retried with kube-rs' default backoff (exponential with jitter); during an
 //! outage the last state keeps serving.
@@ -23,7 +25,7 @@
 //! objects themselves (managed fields, annotations, status the proxy does
 //! not read). Watch events are checked as they come.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -37,10 +39,12 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+mod known;
 mod raw;
 
 use super::{RejectReason, SourceMessage, SourceSender};
-use crate::model::{Change, Object, ObjectKind, ObjectRef};
+use crate::model::{Change, Object, ObjectKey, ObjectKind, ObjectRef};
+use known::Known;
 use raw::{Checked, RawObject, Rejection, Watched};
 
 /// Selector kube-proxy applies to Services and EndpointSlices: objects of
@@ -148,23 +152,21 @@ enum Update {
     /// Objects of a resource's first list, passed on as they are read
     /// (nothing is published before every resource has listed, so the
     /// model can take them while the rest of the list is still on the
-    /// wire). `restart`: the first chunk of another attempt at the list,
-    /// after one that failed part way.
+    /// wire).
     Listing {
         resource: &'static str,
         objects: Vec<Object>,
-        restart: bool,
     },
-    /// A complete (re)list: every valid object that exists now (but those
-    /// already passed on as [`Update::Listing`]), and the
-    /// objects that exist but failed the checks (each keeps its last good
-    /// version: neither deleted nor changed).
+    /// A complete (re)list: the valid objects that are new or changed
+    /// (but those already passed on as [`Update::Listing`]), and the
+    /// objects that are gone. An object that exists but failed the checks
+    /// keeps its last good version: it is neither.
     Relisted {
         resource: &'static str,
         objects: Vec<Object>,
-        kept: Vec<ObjectRef>,
-        /// No [`Update::Listing`] came before it in this attempt.
-        restart: bool,
+        deleted: Vec<ObjectRef>,
+        /// The objects listed unchanged, for the log.
+        unchanged: usize,
     },
     Applied(Object),
     Deleted(ObjectRef),
@@ -184,8 +186,13 @@ enum Update {
 /// A (re)list being collected, from `Init` to `InitDone`.
 #[derive(Default)]
 struct Relist {
+    /// New or changed objects not passed on yet.
     objects: Vec<Object>,
-    kept: Vec<ObjectRef>,
+    /// Their keys and resourceVersions, for [`Known`] once they are passed
+    /// on (a first list records them as it passes its chunks on).
+    versions: Vec<(ObjectKey, Option<u64>)>,
+    /// Items listed at the version the model has.
+    unchanged: usize,
 }
 
 /// Objects of a first list are passed on in chunks of this many.
@@ -208,9 +215,10 @@ fn spawn_watch<K: Watched>(
         let mut stream = watcher(api, config).default_backoff().boxed();
         let mut listing = Listing {
             resource,
+            kind: K::KIND,
             relist: None,
             first_list: true,
-            restart: false,
+            known: Known::default(),
         };
         // List items not checked yet, and the batch being checked.
         let mut unchecked: Vec<RawObject<K>> = Vec::new();
@@ -224,6 +232,9 @@ fn spawn_watch<K: Watched>(
                 },
             };
             if let Ok(Event::InitApply(raw)) = event {
+                if listing.unchanged(&raw) {
+                    continue;
+                }
                 unchecked.push(raw);
                 if unchecked.len() >= CHECK_BATCH {
                     let done = checked(checking.take()).await;
@@ -243,29 +254,29 @@ fn spawn_watch<K: Watched>(
             }
             let update = match event {
                 Ok(Event::Init) => {
-                    listing.relist = Some(Relist::default());
-                    listing.restart = true;
+                    listing.begin();
                     continue;
                 }
                 Ok(Event::InitApply(_)) => continue,
-                Ok(Event::InitDone) => {
-                    let Relist { objects, kept } = listing.relist.take().unwrap_or_default();
-                    listing.first_list = false;
-                    Update::Relisted {
-                        resource,
-                        objects,
-                        kept,
-                        restart: std::mem::take(&mut listing.restart),
+                Ok(Event::InitDone) => listing.end(),
+                Ok(Event::Apply(raw)) => {
+                    let checked = raw.check();
+                    let version = checked.version();
+                    match checked.decoded {
+                        Ok(o) => {
+                            listing.known.insert(o.object_ref().key, version, false);
+                            Update::Applied(o)
+                        }
+                        Err(rejected) => rejected.update(resource),
                     }
                 }
-                Ok(Event::Apply(raw)) => match raw.check().decoded {
-                    Ok(o) => Update::Applied(o),
-                    Err(rejected) => rejected.update(resource),
-                },
                 // A delete needs the name only: the last version may well
                 // be one that failed the checks.
                 Ok(Event::Delete(raw)) => match raw.check().reference {
-                    Ok(r) => Update::Deleted(r),
+                    Ok(r) => {
+                        listing.known.remove(&r.key);
+                        Update::Deleted(r)
+                    }
                     Err(error) => Rejection {
                         object: None,
                         error,
@@ -321,28 +332,85 @@ fn check_all<K: Watched>(batch: Vec<RawObject<K>>) -> Vec<Checked> {
     })
 }
 
-/// A resource's (re)list as its checked items come in.
+/// One resource's objects as the model has them, and its (re)list as the
+/// checked items come in.
 struct Listing {
     resource: &'static str,
+    kind: ObjectKind,
     relist: Option<Relist>,
     /// Until the first list completes, its objects are passed on in
-    /// chunks; `restart` marks the first chunk of each attempt.
+    /// chunks.
     first_list: bool,
-    restart: bool,
+    known: Known,
 }
 
 impl Listing {
+    /// A (re)list begins (again, after an attempt that failed part way:
+    /// what that one buffered was never passed on).
+    fn begin(&mut self) {
+        self.relist = Some(Relist::default());
+        self.known.begin_list();
+    }
+
+    /// Whether a list item is the object the model has, at the same
+    /// resourceVersion: it is then only marked as still there.
+    fn unchanged<K: Watched>(&mut self, raw: &RawObject<K>) -> bool {
+        let Some((r, version)) = raw.version() else {
+            return false;
+        };
+        if !self.known.is_current(&r.key, version) {
+            return false;
+        }
+        self.known.mark_listed(&r.key);
+        if let Some(relist) = self.relist.as_mut() {
+            relist.unchanged += 1;
+        }
+        true
+    }
+
+    /// The list ended: what changed, and what is gone.
+    fn end(&mut self) -> Update {
+        let Relist {
+            objects,
+            versions,
+            unchanged,
+        } = self.relist.take().unwrap_or_default();
+        for (key, version) in versions {
+            self.known.insert(key, version, true);
+        }
+        let kind = self.kind;
+        let deleted = self
+            .known
+            .end_list()
+            .into_iter()
+            .map(|key| ObjectRef { kind, key })
+            .collect();
+        self.first_list = false;
+        Update::Relisted {
+            resource: self.resource,
+            objects,
+            deleted,
+            unchanged,
+        }
+    }
+
     /// Takes in checked list items; false when `out` is gone.
     async fn take(&mut self, done: Vec<Checked>, out: &mpsc::Sender<Update>) -> bool {
         for checked in done {
+            let version = checked.version();
             match (checked.decoded, self.relist.as_mut()) {
                 (Ok(o), Some(r)) => {
+                    let key = o.object_ref().key;
                     r.objects.push(o);
-                    if self.first_list && r.objects.len() >= LISTING_CHUNK {
+                    if !self.first_list {
+                        r.versions.push((key, version));
+                        continue;
+                    }
+                    self.known.insert(key, version, true);
+                    if r.objects.len() >= LISTING_CHUNK {
                         let chunk = Update::Listing {
                             resource: self.resource,
                             objects: std::mem::take(&mut r.objects),
-                            restart: std::mem::take(&mut self.restart),
                         };
                         if out.send(chunk).await.is_err() {
                             return false;
@@ -351,8 +419,9 @@ impl Listing {
                 }
                 (Ok(_), None) => {}
                 (Err(rejected), r) => {
-                    if let (Some(r), Some(object)) = (r, rejected.object.clone()) {
-                        r.kept.push(object);
+                    // It exists: its last good version, if any, stays.
+                    if let (Some(_), Some(object)) = (r, &rejected.object) {
+                        self.known.mark_listed(&object.key);
                     }
                     if out.send(rejected.update(self.resource)).await.is_err() {
                         return false;
@@ -417,11 +486,6 @@ pub async fn run(
         cancel.clone(),
     );
 
-    // What each resource's last complete view holds, to turn a relist into
-    // deletes for the objects that vanished while the watch was down.
-    let mut known: BTreeMap<&'static str, BTreeSet<ObjectRef>> = BTreeMap::new();
-    // What the current attempt at a first list has passed on so far.
-    let mut listing: BTreeMap<&'static str, BTreeSet<ObjectRef>> = BTreeMap::new();
     // Resources whose watch failed and has not delivered since.
     let mut stale: BTreeSet<&'static str> = BTreeSet::new();
     let mut synced: BTreeSet<&'static str> = BTreeSet::new();
@@ -453,62 +517,26 @@ pub async fn run(
                 }
             }
             match update {
-                Update::Listing {
-                    resource,
-                    objects,
-                    restart,
-                } => {
-                    // Known (the model has them) and listed in this attempt.
-                    let listed = listing.entry(resource).or_default();
-                    if restart {
-                        listed.clear();
-                    }
-                    let known = known.entry(resource).or_default();
-                    for o in &objects {
-                        let r = o.object_ref();
-                        listed.insert(r.clone());
-                        known.insert(r);
-                    }
+                Update::Listing { objects, .. } => {
                     changes.extend(objects.into_iter().map(Change::Upsert));
                 }
                 Update::Relisted {
                     resource,
                     objects,
-                    kept,
-                    restart,
+                    deleted,
+                    unchanged,
                 } => {
-                    // A rejected object still exists: it keeps its last
-                    // good version, so it is not among the vanished.
-                    let listed = listing.remove(resource).filter(|_| !restart);
-                    let now: BTreeSet<ObjectRef> = objects
-                        .iter()
-                        .map(Object::object_ref)
-                        .chain(kept)
-                        .chain(listed.into_iter().flatten())
-                        .collect();
-                    let before = known.remove(resource).unwrap_or_default();
-                    changes.extend(before.difference(&now).cloned().map(Change::Delete));
-                    known.insert(resource, now);
+                    let (changed, gone) = (objects.len(), deleted.len());
+                    changes.extend(deleted.into_iter().map(Change::Delete));
                     changes.extend(objects.into_iter().map(Change::Upsert));
                     if synced.insert(resource) {
                         tracing::info!(resource, "initial list complete");
                     } else {
-                        tracing::info!(resource, "relisted");
+                        tracing::info!(resource, changed, deleted = gone, unchanged, "relisted");
                     }
                 }
-                Update::Applied(o) => {
-                    known
-                        .entry(resource_of(&o))
-                        .or_default()
-                        .insert(o.object_ref());
-                    changes.push(Change::Upsert(o));
-                }
-                Update::Deleted(r) => {
-                    if let Some(set) = known.get_mut(resource_of_ref(&r)) {
-                        set.remove(&r);
-                    }
-                    changes.push(Change::Delete(r));
-                }
+                Update::Applied(o) => changes.push(Change::Upsert(o)),
+                Update::Deleted(r) => changes.push(Change::Delete(r)),
                 Update::Rejected {
                     resource,
                     reason,

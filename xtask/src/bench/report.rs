@@ -151,6 +151,25 @@ fn rows(datapath: &str, source: Source) -> Vec<Row> {
             value: |c| c.fanout_delta_ms.clone(),
         },
     ];
+    if source == Source::Kube {
+        rows.push(Row {
+            figure: "relist after an API server restart: restart → relisted",
+            unit: "s",
+            goal: None,
+            value: |c| c.relist.as_ref().map(|r| r.seconds).map_err(Clone::clone),
+        });
+        rows.push(Row {
+            figure: "  … daemon peak RSS (VmHWM) with it",
+            unit: "MiB",
+            goal: Some(200.0),
+            value: |c| {
+                c.relist
+                    .as_ref()
+                    .map(|r| r.peak_rss_mib)
+                    .map_err(Clone::clone)
+            },
+        });
+    }
     if datapath != "none" {
         rows.push(Row {
             figure: "restart under load: failed requests",

@@ -59,6 +59,16 @@ pub struct Restart {
     pub reconcile_s: f64,
 }
 
+/// An API server restart that changed nothing: every watch gets 410 Gone
+/// and relists.
+#[derive(Clone, Debug)]
+pub struct Relist {
+    /// From the restart until every resource relisted.
+    pub seconds: f64,
+    /// VmHWM once it did (the daemon's peak so far, the relist included).
+    pub peak_rss_mib: f64,
+}
+
 /// One full-frame fan-out: how long, how large a frame, whose CPU.
 #[derive(Clone, Debug)]
 pub struct FanOut {
@@ -92,6 +102,8 @@ pub struct CellResult {
     pub fanout_cpu: Result<FanoutCpu, String>,
     /// The same with watchers that ask for delta frames.
     pub fanout_delta_ms: Result<f64, String>,
+    /// The kube source only.
+    pub relist: Result<Relist, String>,
     pub restart: Result<Restart, String>,
 }
 
@@ -178,6 +190,7 @@ pub fn run_cell(
         fanout_floor_ms: skipped("not reached"),
         fanout_cpu: skipped("not reached"),
         fanout_delta_ms: skipped("not reached"),
+        relist: skipped("not reached"),
         restart: skipped("not reached"),
     };
     let mut bed = match Bed::new(datapath, settings.daemon_bin.clone()) {
@@ -213,6 +226,16 @@ pub fn run_cell(
     std::thread::sleep(Duration::from_secs(1));
     result.idle_cpu_pct = daemon::idle_cpu(&bed, settings.idle).map_err(|e| format!("{e:#}"));
     result.peak_rss_mib = daemon::peak_rss_mib(&bed).map_err(|e| format!("{e:#}"));
+    result.relist = match &driver {
+        Driver::Kube { api, .. } => relist(&mut bed, api).map_err(|e| format!("{e:#}")),
+        Driver::File(_) => skipped("the file source does not list"),
+    };
+    if let Ok(r) = &result.relist {
+        println!(
+            "      relist after an API server restart: {:.2} s, VmHWM {:.0} MiB",
+            r.seconds, r.peak_rss_mib
+        );
+    }
     let next_generation = settings.change_samples + 1;
     let mut fan = |generation, deltas| {
         if settings.watchers == 0 {
@@ -531,6 +554,35 @@ fn restart_under_load(bed: &mut Bed, total: u64, settings: &Settings) -> Result<
     Ok(r)
 }
 
+/// Restarts the API server (a new resourceVersion history, nothing
+/// changed): every watch gets 410 Gone and lists again, and the daemon
+/// should take in what changed (nothing), not hold a second copy of the
+/// cluster. Waits for each resource's "relisted" log line.
+fn relist(bed: &mut Bed, api: &FakeApiServer) -> Result<Relist> {
+    // Services, EndpointSlices, the Node, its Pods.
+    const RESOURCES: usize = 4;
+    let relisted = |bed: &Bed| bed.daemon_log().matches("relisted").count();
+    let before = relisted(bed);
+    let started = Instant::now();
+    api.restart();
+    while relisted(bed) < before + RESOURCES {
+        if !bed.daemon_alive()? {
+            bail!("the daemon exited; log:\n{}", daemon::log_tail(bed, 15));
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "not relisted within 60 s; log:\n{}",
+                daemon::log_tail(bed, 8)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(Relist {
+        seconds: started.elapsed().as_secs_f64(),
+        peak_rss_mib: daemon::peak_rss_mib(bed)?,
+    })
+}
+
 /// The `q`th percentile (nearest rank) of `samples`.
 pub fn percentile(samples: &[f64], q: f64) -> f64 {
     if samples.is_empty() {
@@ -580,6 +632,10 @@ impl CellResult {
                 "watchers": c.watchers_s,
             })),
             "fanout_delta_ms": json_of(&self.fanout_delta_ms, |v| json!(v)),
+            "relist": json_of(&self.relist, |r| json!({
+                "seconds": r.seconds,
+                "vmhwm_mib": r.peak_rss_mib,
+            })),
             "restart": json_of(&self.restart, |r| json!({
                 "requests": r.requests,
                 "failed": r.failed,

@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use super::super::objects::{self, Decoded, ObjectError, Project};
 use super::super::wire::Text;
-use super::Update;
+use super::{known, Update};
 use crate::model::{Object, ObjectKind, ObjectRef};
 
 /// A resource the source watches, and the kind its objects have in the
@@ -228,6 +228,51 @@ impl<K: Watched> RawObject<K> {
             decoded: decode::<K>(value, reference.clone().ok()),
             reference,
         }
+    }
+}
+
+impl<K: Watched> RawObject<K> {
+    /// The object's kind, namespace and name and its resourceVersion (as
+    /// [`known::version`] compares it), read without checking the object:
+    /// `None` when either is missing.
+    pub(super) fn version(&self) -> Option<(ObjectRef, u64)> {
+        match &self.content {
+            Content::Checked(c) => Some((c.reference.clone().ok()?, c.version()?)),
+            Content::Text(waiting) => {
+                #[derive(Deserialize)]
+                struct Object<'a> {
+                    #[serde(borrow)]
+                    metadata: Option<Meta<'a>>,
+                }
+                #[derive(Deserialize)]
+                struct Meta<'a> {
+                    #[serde(borrow)]
+                    name: Option<Text<'a>>,
+                    #[serde(borrow)]
+                    namespace: Option<Text<'a>>,
+                    #[serde(borrow, rename = "resourceVersion")]
+                    resource_version: Option<Text<'a>>,
+                }
+                let meta = serde_json::from_str::<Object<'_>>(&waiting.0)
+                    .ok()?
+                    .metadata?;
+                let rv = known::version(meta.resource_version.as_deref())?;
+                let reference = objects::object_ref_of(
+                    K::KIND,
+                    meta.name.as_deref(),
+                    meta.namespace.as_deref(),
+                )
+                .ok()?;
+                Some((reference, rv))
+            }
+        }
+    }
+}
+
+impl Checked {
+    /// The resourceVersion, as [`known::version`] compares it.
+    pub(super) fn version(&self) -> Option<u64> {
+        known::version(self.resource_version.as_deref())
     }
 }
 
