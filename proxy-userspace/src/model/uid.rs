@@ -23,10 +23,24 @@ pub enum Uid {
 /// digits: bytes 4, 6, 8 and 10).
 const GROUP_STARTS: [usize; 4] = [4, 6, 8, 10];
 
-/// Where byte `i`'s two digits start in the canonical form.
-fn digits_at(i: usize) -> usize {
-    2 * i + GROUP_STARTS.iter().filter(|&&g| g <= i).count()
-}
+/// Where each byte's two digits start in the canonical form.
+const DIGITS_AT: [usize; 16] = [0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34];
+
+/// A lowercase hex digit's value, 0xff for any other byte.
+const NIBBLE: [u8; 256] = {
+    let mut t = [0xff; 256];
+    let mut c = 0;
+    while c < 10 {
+        t[b'0' as usize + c] = c as u8;
+        c += 1;
+    }
+    let mut c = 0;
+    while c < 6 {
+        t[b'a' as usize + c] = 10 + c as u8;
+        c += 1;
+    }
+    t
+};
 
 impl Uid {
     pub fn new(text: &str) -> Uid {
@@ -39,20 +53,21 @@ impl Uid {
 
 fn canonical_uuid(text: &[u8]) -> Option<[u8; 16]> {
     let text: &[u8; 36] = text.try_into().ok()?;
-    if GROUP_STARTS.iter().any(|&g| text[digits_at(g) - 1] != b'-') {
+    if [8, 13, 18, 23].iter().any(|&at| text[at] != b'-') {
         return None;
     }
-    let nibble = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
     let mut out = [0u8; 16];
-    for (i, byte) in out.iter_mut().enumerate() {
-        let at = digits_at(i);
-        *byte = nibble(text[at])? << 4 | nibble(text[at + 1])?;
+    let mut bad = 0;
+    for (byte, at) in out.iter_mut().zip(DIGITS_AT) {
+        let (hi, lo) = (
+            NIBBLE[usize::from(text[at])],
+            NIBBLE[usize::from(text[at + 1])],
+        );
+        bad |= hi | lo;
+        *byte = hi << 4 | lo;
     }
-    Some(out)
+    // A digit's value is below 16; 0xff marks a byte that is none.
+    (bad < 16).then_some(out)
 }
 
 impl fmt::Display for Uid {
@@ -105,6 +120,9 @@ mod tests {
             ("3f2b8c1e-9d4a-4e6b-8a7c0-123456789ab", false),
             ("3f2b8c1e-9d4a-4e6b-8a7c-0123456789a-", false),
             ("{3f2b8c1e-9d4a-4e6b-8a7c-0123456789}", false),
+            ("3f2b8c1e-9d4a-4e6b-8a7c-0123456789ag", false),
+            ("3f2b8c1e-9d4a-4e6b-8a7c-01234567-9ab", false),
+            ("g3f2b8c1-9d4a-4e6b-8a7c-0123456789ab", false),
             ("pod-uid-from-a-test", false),
             ("", false),
             ("é", false),
