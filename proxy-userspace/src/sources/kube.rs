@@ -355,6 +355,11 @@ impl Listing {
     /// Whether a list item is the object the model has, at the same
     /// resourceVersion: it is then only marked as still there.
     fn unchanged<K: Watched>(&mut self, raw: &RawObject<K>) -> bool {
+        // A first list has nothing to compare with: not even the head is
+        // read.
+        if self.known.is_empty() {
+            return false;
+        }
         let Some((r, version)) = raw.version() else {
             return false;
         };

@@ -84,6 +84,10 @@ impl Known {
         gone
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.objects.len()
