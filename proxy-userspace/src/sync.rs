@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::model::{ClusterState, Model, Node, NodeContext, Pod};
+use crate::model::{Change, ClusterState, Model, Node, NodeContext, Pod};
 use crate::snapshot::{PodSnapshot, PodSnapshotSender, Snapshot, SnapshotSender};
 use crate::sources::{SourceMessage, SourceReceiver};
 use crate::status::{ChangeBatch, ChangeNote, Status};
@@ -37,6 +37,20 @@ fn publish_pods(cluster: &ClusterState, node_name: &str, out: &PodSnapshotSender
     }));
 }
 
+/// Applies `changes` to the model, noting each one that changed it in
+/// `queued`; whether any did.
+fn apply(model: &mut Model, changes: Vec<Change>, queued: &mut ChangeBatch) -> bool {
+    let mut dirty = false;
+    for c in changes {
+        let note = ChangeNote::of(&c);
+        if model.apply(c) {
+            dirty = true;
+            queued.add(note);
+        }
+    }
+    dirty
+}
+
 /// Applies every message from `rx` until the source hangs up. Bursts are
 /// coalesced: all queued messages are applied before one recompute.
 /// Runs on its own thread because recomputing is CPU-bound. Reports queued
@@ -51,6 +65,9 @@ pub fn run(
     let mut model = Model::new(node.clone());
     let mut synced = false;
     let mut rev = 0u64;
+    // Inside an update sent in parts, and whether its parts so far changed
+    // anything: no state is computed from half an update.
+    let (mut holding, mut held_dirty) = (false, false);
     while let Some(first) = rx.blocking_recv() {
         let mut dirty = false;
         let mut queued = ChangeBatch::default();
@@ -58,13 +75,12 @@ pub fn run(
         while let Some(m) = msg.take() {
             match m {
                 SourceMessage::Changes(changes) => {
-                    for c in changes {
-                        let note = ChangeNote::of(&c);
-                        if model.apply(c) {
-                            dirty = true;
-                            queued.add(note);
-                        }
-                    }
+                    holding = false;
+                    dirty |= apply(&mut model, changes, &mut queued);
+                }
+                SourceMessage::Part(changes) => {
+                    holding = true;
+                    dirty |= apply(&mut model, changes, &mut queued);
                 }
                 SourceMessage::Synced => {
                     if !synced {
@@ -100,6 +116,11 @@ pub fn run(
         if synced && dirty {
             publish_pods(model.cluster(), &node.node_name, &pods_out);
         }
+        if holding {
+            held_dirty |= dirty;
+            continue;
+        }
+        dirty |= std::mem::take(&mut held_dirty);
         if !synced || !dirty {
             continue;
         }

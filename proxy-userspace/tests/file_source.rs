@@ -201,3 +201,144 @@ async fn a_file_renamed_into_place_is_served_at_once_and_editor_files_are_ignore
         "a one-file change took {fastest:?} at best"
     );
 }
+
+/// One file per Service, `svc-N` at `10.{net}.N/250.N%250` with one
+/// endpoint; `mover` too when `with_mover`.
+fn one_service_file(n: usize, net: u8, with_mover: bool) -> String {
+    let name = format!("svc-{n:03}");
+    let mut content = format!(
+        "{}---\n{}",
+        service(
+            "default",
+            &name,
+            &format!("10.{net}.{}.{}", n / 250, n % 250)
+        ),
+        slice("default", &name, &["10.244.1.1"])
+    );
+    if with_mover {
+        content.push_str(&format!(
+            "---\n{}---\n{}",
+            service("default", "mover", "10.96.9.9"),
+            slice("default", "mover", &["10.244.1.2"])
+        ));
+    }
+    content
+}
+
+/// Writes a ConfigMap volume's version `version` of `files` under
+/// `manifests` (`..<version>/NAME`), as the kubelet does before it swaps
+/// the `..data` link.
+fn configmap_version(manifests: &std::path::Path, version: &str, files: &[(String, String)]) {
+    let dir = manifests.join(format!("..{version}"));
+    std::fs::create_dir(&dir).unwrap();
+    for (name, content) in files {
+        std::fs::write(dir.join(name), content).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_larger_than_a_read_chunk_is_published_whole() {
+    use proto::localnet::v1::{watch_event::Event, WatchRequest};
+    use std::os::unix::fs::symlink;
+
+    // A ConfigMap volume of 300 manifests, one Service each, and `mover`
+    // in the first: each manifest a link through `..data` to the
+    // current version's directory.
+    const FILES: usize = 300;
+    let version = |net: u8, mover_in: usize| -> Vec<(String, String)> {
+        (0..FILES)
+            .map(|n| {
+                let mut content = one_service_file(n, net, n == mover_in);
+                if n == FILES - 1 {
+                    // Read last, and slowly: a state computed from the
+                    // first chunk alone would be published meanwhile.
+                    content.push_str(&"# padding\n".repeat(300_000));
+                }
+                (format!("file-{n:03}.yaml"), content)
+            })
+            .collect()
+    };
+    let root = tempfile::tempdir().unwrap();
+    let manifests = root.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    configmap_version(&manifests, "v1", &version(96, 0));
+    symlink("..v1", manifests.join("..data")).unwrap();
+    for n in 0..FILES {
+        let name = format!("file-{n:03}.yaml");
+        symlink(format!("..data/{name}"), manifests.join(&name)).unwrap();
+    }
+    let d = Daemon::start_in(root, &[]);
+    let mut c = d.unix().await;
+    let first = ebpf_kube_proxy::localnet::client::next(&mut c, 0, 0)
+        .await
+        .unwrap();
+    assert_eq!(first.services.len(), FILES + 1);
+    let mut frames = c
+        .watch(WatchRequest {
+            instance_id: first.instance_id,
+            rev: first.rev,
+            deltas: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+
+    // The next version gives every Service another address and moves
+    // `mover` to the last file. The kubelet's swap of `..data` changes
+    // all 300 files at once, one burst, more than a read chunk holds:
+    // `mover` leaves the first chunk and arrives in the second, and no
+    // state may lack it.
+    configmap_version(&d.manifest(""), "v2", &version(97, FILES - 1));
+    symlink("..v2", d.manifest("..data_tmp")).unwrap();
+    std::fs::rename(d.manifest("..data_tmp"), d.manifest("..data")).unwrap();
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut moved = 0;
+    let mut revisions = 0;
+    while moved < FILES {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ev = tokio::time::timeout(left, tokio_stream::StreamExt::next(&mut frames))
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the burst was not applied ({moved} of {FILES} moved); log:\n{}",
+                    d.log_text()
+                )
+            })
+            .unwrap()
+            .unwrap();
+        match ev.event {
+            Some(Event::Begin(b)) => {
+                revisions += 1;
+                moved = 0;
+                assert_eq!(
+                    b.service_count as usize,
+                    FILES + 1,
+                    "revision {} lacks a Service: half a burst was published",
+                    b.rev
+                );
+            }
+            Some(Event::Service(se)) => {
+                let svc = se.service.unwrap();
+                let ip = svc
+                    .ips
+                    .and_then(|ips| ips.cluster_ips)
+                    .map(|set| set.v4)
+                    .unwrap_or_default();
+                if svc.name.starts_with("svc-") && ip.iter().any(|a| a.starts_with("10.97.")) {
+                    moved += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(revisions >= 1);
+    // Every state computed, watched or not, had them all.
+    let log = d.log_text();
+    let half = format!("services={FILES} ");
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("new local state") && l.contains(&half)),
+        "half a burst was computed; log:\n{log}"
+    );
+}

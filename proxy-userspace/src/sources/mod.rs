@@ -16,6 +16,11 @@ use crate::model::Change;
 pub enum SourceMessage {
     /// Object changes, applied together.
     Changes(Vec<Change>),
+    /// Object changes of an update that goes on in the next message (a
+    /// large burst of file changes, read a chunk at a time): applied, but
+    /// no state is computed before the update's last message, a
+    /// [`SourceMessage::Changes`].
+    Part(Vec<Change>),
     /// The initial list is complete: from now on the state is whole.
     Synced,
     /// Manifests or objects that were rejected (the last good state stays).

@@ -50,11 +50,11 @@ const RESCAN_INTERVAL: Duration = Duration::from_secs(5);
 /// applies them while later files are parsed and no whole-directory batch
 /// is held.
 const INITIAL_BATCH: usize = 4096;
-/// Files read together (in parallel) during the initial read: a bound on
-/// the objects held before they are sent (three chunks: one taken in, one
-/// loaded and waiting, one loading).
-const INITIAL_CHUNK_FILES: usize = 256;
-const INITIAL_CHUNK_BYTES: u64 = 4 << 20;
+/// Files read together (in parallel) during the initial read and a large
+/// burst: a bound on the objects held before they are sent (in the initial
+/// read three chunks: one taken in, one loaded and waiting, one loading).
+const CHUNK_FILES: usize = 256;
+const CHUNK_BYTES: u64 = 4 << 20;
 /// Queued directory events; when full, the next read is a rescan.
 const EVENT_QUEUE: usize = 4096;
 /// Test hook, read from the environment (deliberately not a flag): while
@@ -232,15 +232,45 @@ pub async fn run(
                     .and_then(|n| n.to_str())
                     .is_some_and(|n| n.starts_with(".."))
         });
-        let update = if pending.rescan || kubelet_swap {
+        let (paths, errors) = if pending.rescan || kubelet_swap {
             let (mut stale, errors) = manifests.stale();
             stale.extend(pending.files.into_keys());
-            let mut update = manifests.update(stale);
-            update.errors.splice(0..0, errors);
-            update
+            (stale, errors)
         } else {
-            manifests.update(pending.files.into_keys())
+            (pending.files.into_keys().collect(), Vec::new())
         };
+        if !read_burst(&mut manifests, paths, errors, &tx).await {
+            return Ok(());
+        }
+        tracing::trace!(
+            took_us = started.elapsed().as_micros() as u64,
+            "burst handled"
+        );
+    }
+}
+
+/// Reads the files one burst of events named and sends the changes. A
+/// burst larger than a chunk of the initial read (a generator rewrote
+/// every manifest) is read a chunk at a time as that one is, so only a
+/// chunk's objects wait to be sent rather than a second copy of the
+/// cluster; all but the last chunk's changes go as
+/// [`SourceMessage::Part`], so no state is computed from half a burst (a
+/// Service moved between two files of different chunks never goes
+/// missing). False when the receiver is gone.
+async fn read_burst(
+    manifests: &mut ManifestDir,
+    mut paths: Vec<PathBuf>,
+    mut errors: Vec<ManifestError>,
+    tx: &SourceSender,
+) -> bool {
+    paths.sort();
+    paths.dedup();
+    let chunks = chunks(paths);
+    let last = chunks.len().saturating_sub(1);
+    let mut parts_sent = false;
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        let started = Instant::now();
+        let update = manifests.update(chunk);
         if update.files_read > 0 {
             tracing::debug!(
                 files = update.files_read,
@@ -249,10 +279,26 @@ pub async fn run(
                 "manifests read"
             );
         }
-        if !send(&tx, update.errors, update.changes).await {
-            return Ok(());
+        errors.extend(update.errors);
+        let errors = std::mem::take(&mut errors);
+        let sent = if i < last {
+            parts_sent |= !update.changes.is_empty();
+            send_part(tx, errors, update.changes).await
+        } else if parts_sent {
+            // Ends the update even when this chunk changed nothing.
+            send_errors(tx, errors).await
+                && tx
+                    .send(SourceMessage::Changes(update.changes))
+                    .await
+                    .is_ok()
+        } else {
+            send(tx, errors, update.changes).await
+        };
+        if !sent {
+            return false;
         }
     }
+    send_errors(tx, errors).await
 }
 
 /// Waits for the end of a burst of events: [`QUIET`] without one, longer
@@ -334,8 +380,8 @@ async fn initial_read(manifests: &mut ManifestDir, tx: &SourceSender) -> bool {
     send(tx, errors, changes).await
 }
 
-/// `files` in chunks of at most [`INITIAL_CHUNK_FILES`] files, closed once
-/// they reach [`INITIAL_CHUNK_BYTES`].
+/// `files` in chunks of at most [`CHUNK_FILES`] files, closed once
+/// they reach [`CHUNK_BYTES`].
 fn chunks(files: Vec<PathBuf>) -> Vec<Vec<PathBuf>> {
     let mut chunks = Vec::new();
     let mut chunk = Vec::new();
@@ -343,7 +389,7 @@ fn chunks(files: Vec<PathBuf>) -> Vec<Vec<PathBuf>> {
     for file in files {
         chunk_bytes += std::fs::metadata(&file).map_or(0, |m| m.len());
         chunk.push(file);
-        if chunk.len() >= INITIAL_CHUNK_FILES || chunk_bytes >= INITIAL_CHUNK_BYTES {
+        if chunk.len() >= CHUNK_FILES || chunk_bytes >= CHUNK_BYTES {
             chunks.push(std::mem::take(&mut chunk));
             chunk_bytes = 0;
         }
@@ -356,13 +402,22 @@ fn chunks(files: Vec<PathBuf>) -> Vec<Vec<PathBuf>> {
 
 /// Logs and sends errors, then changes. False when the receiver is gone.
 async fn send(tx: &SourceSender, errors: Vec<ManifestError>, changes: Vec<Change>) -> bool {
+    send_errors(tx, errors).await
+        && (changes.is_empty() || tx.send(SourceMessage::Changes(changes)).await.is_ok())
+}
+
+/// [`send`] for changes that are not an update's last.
+async fn send_part(tx: &SourceSender, errors: Vec<ManifestError>, changes: Vec<Change>) -> bool {
+    send_errors(tx, errors).await
+        && (changes.is_empty() || tx.send(SourceMessage::Part(changes)).await.is_ok())
+}
+
+/// Logs and sends errors. False when the receiver is gone.
+async fn send_errors(tx: &SourceSender, errors: Vec<ManifestError>) -> bool {
     for e in &errors {
         tracing::error!(error = %e, "manifest not applied; keeping the last good version of the file");
     }
-    if !errors.is_empty() && tx.send(SourceMessage::Errors(errors)).await.is_err() {
-        return false;
-    }
-    changes.is_empty() || tx.send(SourceMessage::Changes(changes)).await.is_ok()
+    errors.is_empty() || tx.send(SourceMessage::Errors(errors)).await.is_ok()
 }
 
 /// (Re-)establishes the watch on `dir` when the directory there is not the
