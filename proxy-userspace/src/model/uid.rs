@@ -23,6 +23,9 @@ pub enum Uid {
 /// digits: bytes 4, 6, 8 and 10).
 const GROUP_STARTS: [usize; 4] = [4, 6, 8, 10];
 
+/// Where the hyphens are in the canonical form.
+const HYPHENS_AT: [usize; 4] = [8, 13, 18, 23];
+
 /// Where each byte's two digits start in the canonical form.
 const DIGITS_AT: [usize; 16] = [0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34];
 
@@ -53,7 +56,7 @@ impl Uid {
 
 fn canonical_uuid(text: &[u8]) -> Option<[u8; 16]> {
     let text: &[u8; 36] = text.try_into().ok()?;
-    if [8, 13, 18, 23].iter().any(|&at| text[at] != b'-') {
+    if HYPHENS_AT.iter().any(|&at| text[at] != b'-') {
         return None;
     }
     let mut out = [0u8; 16];

@@ -280,22 +280,21 @@ async fn read_burst(
             );
         }
         errors.extend(update.errors);
-        let errors = std::mem::take(&mut errors);
-        let sent = if i < last {
-            parts_sent |= !update.changes.is_empty();
-            send_part(tx, errors, update.changes).await
-        } else if parts_sent {
-            // Ends the update even when this chunk changed nothing.
-            send_errors(tx, errors).await
-                && tx
-                    .send(SourceMessage::Changes(update.changes))
-                    .await
-                    .is_ok()
-        } else {
-            send(tx, errors, update.changes).await
-        };
-        if !sent {
+        if !send_errors(tx, std::mem::take(&mut errors)).await {
             return false;
+        }
+        let changes = update.changes;
+        let message = if i < last {
+            (!changes.is_empty()).then(|| SourceMessage::Part(changes))
+        } else {
+            // The last chunk ends the update, even with no changes of its own.
+            (parts_sent || !changes.is_empty()).then(|| SourceMessage::Changes(changes))
+        };
+        if let Some(message) = message {
+            parts_sent = true;
+            if tx.send(message).await.is_err() {
+                return false;
+            }
         }
     }
     send_errors(tx, errors).await
@@ -404,12 +403,6 @@ fn chunks(files: Vec<PathBuf>) -> Vec<Vec<PathBuf>> {
 async fn send(tx: &SourceSender, errors: Vec<ManifestError>, changes: Vec<Change>) -> bool {
     send_errors(tx, errors).await
         && (changes.is_empty() || tx.send(SourceMessage::Changes(changes)).await.is_ok())
-}
-
-/// [`send`] for changes that are not an update's last.
-async fn send_part(tx: &SourceSender, errors: Vec<ManifestError>, changes: Vec<Change>) -> bool {
-    send_errors(tx, errors).await
-        && (changes.is_empty() || tx.send(SourceMessage::Part(changes)).await.is_ok())
 }
 
 /// Logs and sends errors. False when the receiver is gone.
