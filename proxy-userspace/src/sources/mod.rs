@@ -2,6 +2,7 @@
 //! changes, a `Synced` mark once the initial list is complete, and the
 //! errors they ran into (for logs and metrics).
 
+mod field;
 pub mod file;
 pub mod kube;
 pub mod objects;

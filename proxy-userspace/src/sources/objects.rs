@@ -3,7 +3,6 @@
 //! an object that fails here never reaches the model.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -12,6 +11,7 @@ use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::field::{field_path, Field};
 use super::wire::{self, text, Meta, Obj, Text, ANNOTATION_LAST_CHANGE_TRIGGER_TIME};
 use super::RejectReason;
 use crate::model::intern::{intern, intern_opt, ArcStr};
@@ -54,34 +54,6 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ObjectError {
         field: field.into(),
         reason: reason.into(),
         undecodable: false,
-    }
-}
-
-/// A checked field's path, spelled out only when the check refuses it: a
-/// start at 50k Services checks some 350k list items and refuses none.
-#[derive(Clone, Copy)]
-enum Field {
-    Path(&'static str),
-    /// `{list}[{index}]{rest}`, e.g. `spec.ports[0].protocol`.
-    Item {
-        list: &'static str,
-        index: usize,
-        rest: &'static str,
-    },
-}
-
-impl Field {
-    fn item(list: &'static str, index: usize, rest: &'static str) -> Self {
-        Field::Item { list, index, rest }
-    }
-}
-
-impl From<Field> for String {
-    fn from(field: Field) -> String {
-        match field {
-            Field::Path(path) => path.to_owned(),
-            Field::Item { list, index, rest } => format!("{list}[{index}]{rest}"),
-        }
     }
 }
 
@@ -234,38 +206,6 @@ pub fn decode_object(value: serde_json::Value) -> Result<Decoded, ObjectError> {
         }
         None => Ok(Decoded::Ignored { api_version, kind }),
     }
-}
-
-/// A decoding error's path as the API server names fields:
-/// `spec.ports[0].port`, and a map key that is not a plain field name in
-/// brackets, `metadata.labels[app.kubernetes.io/name]` (not
-/// `serde_path_to_error`'s dotted `metadata.labels.app.kubernetes.io/name`).
-fn field_path(path: &serde_path_to_error::Path) -> String {
-    use serde_path_to_error::Segment;
-    let mut out = String::new();
-    for segment in path.iter() {
-        match segment {
-            Segment::Seq { index } => {
-                let _ = write!(out, "[{index}]");
-            }
-            Segment::Map { key }
-                if !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric()) =>
-            {
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(key);
-            }
-            Segment::Map { key } => {
-                let _ = write!(out, "[{key}]");
-            }
-            Segment::Enum { variant } => {
-                let _ = write!(out, ".{variant}");
-            }
-            Segment::Unknown => out.push_str(".?"),
-        }
-    }
-    out
 }
 
 /// Something done with the [`Project`] type of an object's kind: what
