@@ -65,12 +65,14 @@ pub fn run(
     let mut model = Model::new(node.clone());
     let mut synced = false;
     let mut rev = 0u64;
-    // Inside an update sent in parts, and whether its parts so far changed
-    // anything: no state is computed from half an update.
-    let (mut holding, mut held_dirty) = (false, false);
+    // What was applied since the last state was computed: whether it
+    // changed the model, and the changes for the queue metrics.
+    let mut dirty = false;
+    let mut queued = ChangeBatch::default();
+    // Inside an update sent in parts: nothing is computed from half of
+    // it, neither the state nor the pods nor the node's eligibility.
+    let mut holding = false;
     while let Some(first) = rx.blocking_recv() {
-        let mut dirty = false;
-        let mut queued = ChangeBatch::default();
         let mut msg = Some(first);
         while let Some(m) = msg.take() {
             match m {
@@ -108,22 +110,17 @@ pub fn run(
             }
             msg = rx.try_recv().ok();
         }
-        if dirty {
-            status.changes_queued(queued);
-            let cluster = model.cluster();
-            status.set_node_eligible(Node::eligible(cluster.nodes.get(&node.node_name)));
-        }
-        if synced && dirty {
-            publish_pods(model.cluster(), &node.node_name, &pods_out);
-        }
-        if holding {
-            held_dirty |= dirty;
+        if holding || !dirty {
             continue;
         }
-        dirty |= std::mem::take(&mut held_dirty);
-        if !synced || !dirty {
+        dirty = false;
+        status.changes_queued(std::mem::take(&mut queued));
+        let cluster = model.cluster();
+        status.set_node_eligible(Node::eligible(cluster.nodes.get(&node.node_name)));
+        if !synced {
             continue;
         }
+        publish_pods(cluster, &node.node_name, &pods_out);
         let recomputed = model.recompute();
         if rev >= 1 && recomputed.changed.is_empty() {
             tracing::debug!(rev, "recomputed state is unchanged");

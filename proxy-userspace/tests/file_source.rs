@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{get, manifests_dir, service, slice, Daemon};
+use common::{get, manifests_dir, pod_yaml, service, slice, Daemon};
 
 /// User plus system CPU time of `pid`, in clock ticks (`/proc/PID/stat`
 /// fields 14 and 15).
@@ -217,9 +217,10 @@ fn one_service_file(n: usize, net: u8, with_mover: bool) -> String {
     );
     if with_mover {
         content.push_str(&format!(
-            "---\n{}---\n{}",
+            "---\n{}---\n{}---\n{}",
             service("default", "mover", "10.96.9.9"),
-            slice("default", "mover", &["10.244.1.2"])
+            slice("default", "mover", &["10.244.1.2"]),
+            pod_yaml("default", "wanderer", "n1", &[("Ready", "True", "")])
         ));
     }
     content
@@ -236,14 +237,31 @@ fn configmap_version(manifests: &std::path::Path, version: &str, files: &[(Strin
     }
 }
 
+/// The daemon's PodInfo client, once its socket is bound (bounded wait:
+/// `Daemon` waits for the other listeners only).
+async fn podinfo_client(
+    d: &Daemon,
+) -> proto::podinfo::v1alpha1::pod_info_service_client::PodInfoServiceClient<
+    tonic::transport::Channel,
+> {
+    let path = d.dir.path().join("run/podinfo.sock");
+    for _ in 0..200 {
+        if let Ok(c) = ebpf_kube_proxy::podinfo::client::connect(&path).await {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("PodInfo socket not listening; log:\n{}", d.log_text());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_larger_than_a_read_chunk_is_published_whole() {
     use proto::localnet::v1::{watch_event::Event, WatchRequest};
     use std::os::unix::fs::symlink;
 
     // A ConfigMap volume of 300 manifests, one Service each, and `mover`
-    // in the first: each manifest a link through `..data` to the
-    // current version's directory.
+    // (and this node's pod `wanderer`) in the first: each manifest a link
+    // through `..data` to the current version's directory.
     const FILES: usize = 300;
     let version = |net: u8, mover_in: usize| -> Vec<(String, String)> {
         (0..FILES)
@@ -282,9 +300,17 @@ async fn a_burst_larger_than_a_read_chunk_is_published_whole() {
         .await
         .unwrap()
         .into_inner();
+    let mut pods = podinfo_client(&d)
+        .await
+        .watch_pod_conditions(proto::podinfo::v1alpha1::WatchPodConditionsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let pods_first = pods.message().await.unwrap().unwrap();
+    assert_eq!(pods_first.pods.len(), 1, "{pods_first:?}");
 
     // The next version gives every Service another address and moves
-    // `mover` to the last file. The kubelet's swap of `..data` changes
+    // `mover` and `wanderer` to the last file. The kubelet's swap of `..data` changes
     // all 300 files at once, one burst, more than a read chunk holds:
     // `mover` leaves the first chunk and arrives in the second, and no
     // state may lack it.
@@ -333,6 +359,11 @@ async fn a_burst_larger_than_a_read_chunk_is_published_whole() {
         }
     }
     assert!(revisions >= 1);
+    // The pod list did not change, so PodInfo watchers were told nothing:
+    // not a list without `wanderer` in the middle of the burst.
+    if let Ok(m) = tokio::time::timeout(Duration::from_millis(500), pods.message()).await {
+        panic!("the pods were published from half a burst: {m:?}");
+    }
     // Every state computed, watched or not, had them all.
     let log = d.log_text();
     let half = format!("services={FILES} ");
