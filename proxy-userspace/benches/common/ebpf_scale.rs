@@ -7,11 +7,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use ebpf_kube_proxy::model::{
-    EndpointConditions, EndpointPort, EndpointScopes, IpSet, Labels, LocalEndpoint, LocalService,
-    LocalServiceType, LocalState, ObjectKey, PortMapping, Protocol, ServiceEndpoints,
-    TrafficPolicy,
-};
+use ebpf_kube_proxy::model::{testing, IpSet, LocalEndpoint, LocalState, ServiceEndpoints};
 
 pub const BACKEND_PORT: u16 = 8080;
 
@@ -22,65 +18,15 @@ pub fn vip(i: usize) -> Ipv4Addr {
 
 /// One ClusterIP service on `vip:80` with these backends on `port`.
 pub fn service(i: usize, backends: &[IpAddr], port: u16) -> ServiceEndpoints {
-    let scopes = EndpointScopes {
-        cluster: true,
-        local: true,
-        internal: true,
-        external: true,
-    };
-    ServiceEndpoints {
-        service: LocalService {
-            key: ObjectKey::new(format!("ns-{}", i % 100), format!("svc-{i}")),
-            uid: Default::default(),
-            service_type: LocalServiceType::ClusterIp,
-            labels: Labels::default(),
-            created: None,
-            cluster_ips: IpSet::from_ips([IpAddr::V4(vip(i))].iter()),
-            external_ips: IpSet::default(),
-            load_balancer_ips: IpSet::default(),
-            ports: vec![PortMapping {
-                name: "http".into(),
-                protocol: Protocol::Tcp,
-                port: 80,
-                node_port: 0,
-                target_port: port,
-                target_port_name: Default::default(),
-                app_protocol: Default::default(),
-            }],
-            internal_traffic_policy: TrafficPolicy::Cluster,
-            external_traffic_policy: TrafficPolicy::Cluster,
-            session_affinity_timeout: None,
-            health_check_node_port: 0,
-            traffic_distribution: Default::default(),
-            load_balancer_source_ranges: vec![],
-        },
-        endpoints: backends
-            .iter()
-            .map(|ip| LocalEndpoint {
-                ip: *ip,
-                hostname: Default::default(),
-                node_name: "node-2".into(),
-                zone: Default::default(),
-                local: false,
-                conditions: EndpointConditions {
-                    ready: true,
-                    serving: true,
-                    terminating: false,
-                },
-                hints: Default::default(),
-                ports: [EndpointPort {
-                    name: "http".into(),
-                    protocol: Protocol::Tcp,
-                    port,
-                    scopes,
-                }]
-                .into(),
-                target_ref: None,
-            })
-            .collect(),
-        local_ready_endpoints_v4: 0,
-        local_ready_endpoints_v6: 0,
-    }
+    let mut s = testing::service(&format!("ns-{}", i % 100), &format!("svc-{i}"), &[])
+        .with_endpoints(backends.iter().map(|ip| LocalEndpoint {
+            node_name: "node-2".into(),
+            ..testing::endpoint_at(*ip, port, testing::ALL_SCOPES)
+        }));
+    s.service.uid = Default::default();
+    s.service.cluster_ips = IpSet::from_ips([IpAddr::V4(vip(i))].iter());
+    s.service.ports[0].target_port = port;
+    s
 }
 
 /// Backend `n` of the synthetic cluster.

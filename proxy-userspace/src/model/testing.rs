@@ -55,8 +55,13 @@ pub fn ips(addrs: &[&str]) -> IpSet {
 
 /// A ready endpoint at `ip` backing port `http` on `port` with `scopes`.
 pub fn endpoint(ip: &str, port: u16, scopes: EndpointScopes) -> LocalEndpoint {
+    endpoint_at(ip.parse().expect("an IP address"), port, scopes)
+}
+
+/// [`endpoint`] for an address already parsed.
+pub fn endpoint_at(ip: IpAddr, port: u16, scopes: EndpointScopes) -> LocalEndpoint {
     LocalEndpoint {
-        ip: ip.parse().expect("an IP address"),
+        ip,
         hostname: Default::default(),
         node_name: Default::default(),
         zone: Default::default(),
