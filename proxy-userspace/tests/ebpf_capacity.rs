@@ -271,3 +271,76 @@ fn a_state_that_overflows_a_map_is_refused_and_the_programmed_state_kept() {
     dp.apply(&Arc::new(s3)).expect("apply what fits");
     assert_eq!(connect(&env, &scale::vip(5).to_string()), "ok:127.0.0.2");
 }
+
+#[test]
+fn a_partial_sync_larger_than_a_chunk_programs_what_a_full_sync_would() {
+    let Some(env) = env("rotate") else { return };
+    let dp = EbpfDatapath::open(&config(&env, 1 << 16)).expect("open");
+    let mut dp = Applier::new(Box::new(dp));
+    // 10,000 services (more than two chunks) with two endpoints each;
+    // service 7 answered on loopback.
+    let (services, per) = (10_000, 2);
+    let before = scale::with_service(
+        &scale::state(services, services * per),
+        local_service(7, &["127.0.0.1"]),
+    );
+    dp.apply(&Arc::new(before)).expect("first apply");
+
+    // Every pod rotated: each service's endpoints replaced. Services
+    // 9000.. are deleted, and a new service takes over the address of
+    // deleted service 9000 in the same update.
+    let rotated = |i: usize| -> Vec<IpAddr> {
+        (0..per)
+            .map(|j| scale::backend(1_000_000 + i * per + j))
+            .collect()
+    };
+    let mut heir = local_service(9000, &["127.0.0.3"]);
+    heir.service.key = ebpf_kube_proxy::model::ObjectKey::new("ns-heir", "heir");
+    let after = LocalState::new(
+        (0..9000)
+            .map(|i| match i {
+                7 => local_service(7, &["127.0.0.2"]),
+                _ => scale::service(i, &rotated(i), scale::BACKEND_PORT),
+            })
+            .chain([heir]),
+    );
+    let applied = dp.apply(&Arc::new(after)).expect("the rotation");
+    assert!(!applied.full, "a partial sync");
+
+    // The kernel holds exactly the new state: the deleted services'
+    // entries and every old backend gone, each slot on a new one.
+    let kernel = ebpf::dump::read(&env.bpffs).expect("dump");
+    let vips: std::collections::BTreeSet<String> =
+        kernel.services.iter().map(|s| s.address.clone()).collect();
+    let expected: std::collections::BTreeSet<String> =
+        (0..=9000).map(|i| scale::vip(i).to_string()).collect();
+    let stray: Vec<&String> = vips.difference(&expected).take(3).collect();
+    let missing: Vec<&String> = expected.difference(&vips).take(3).collect();
+    assert!(
+        stray.is_empty() && missing.is_empty(),
+        "VIPs in the kernel not in the state: {stray:?}…; missing: {missing:?}…"
+    );
+    let slots: Vec<&str> = kernel
+        .services
+        .iter()
+        .flat_map(|s| &s.slots)
+        .map(|slot| slot.backend.as_deref().unwrap_or("missing"))
+        .collect();
+    assert_eq!((slots.len(), kernel.backends), (18_000, 18_000));
+    // The old backends are 100.0.0.0 onwards, the rotated ones 100.15.66.64.
+    assert!(
+        slots
+            .iter()
+            .all(|b| b.starts_with("127.0.0.") || b.starts_with("100.15.")),
+        "a slot is not on a new backend: {:?}",
+        slots.iter().find(|b| !b.starts_with("100.15."))
+    );
+    let drifts = dp.verify().expect("drift check");
+    assert!(drifts.is_empty(), "{drifts:?}");
+    assert_eq!(connect(&env, &scale::vip(7).to_string()), "ok:127.0.0.2");
+    assert_eq!(connect(&env, &scale::vip(9000).to_string()), "ok:127.0.0.3");
+    assert!(
+        !connect(&env, &scale::vip(9001).to_string()).starts_with("ok:"),
+        "a deleted service still answers"
+    );
+}

@@ -1,8 +1,8 @@
 //! What the maps should hold: one [`DesiredService`] per service address
 //! a service owns (see [`crate::model::claims`]), from a [`LocalState`].
 
+use std::borrow::Borrow;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use proxy_common::{SVC_FLAG_AFFINITY, SVC_FLAG_SOURCE_RANGES};
 
@@ -184,13 +184,13 @@ pub fn desired_state(
 }
 
 /// Every VIP of these services that its service owns.
-pub fn desired_of(
-    services: &[Arc<ServiceEndpoints>],
+pub fn desired_of<S: Borrow<ServiceEndpoints>>(
+    services: &[S],
     claims: &Claims,
     node_ips: &[IpAddr],
 ) -> Vec<DesiredService> {
     services
         .iter()
-        .flat_map(|se| desired_services(se, claims, node_ips))
+        .flat_map(|se| desired_services(se.borrow(), claims, node_ips))
         .collect()
 }

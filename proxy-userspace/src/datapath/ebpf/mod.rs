@@ -42,7 +42,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 // foldhash (randomly seeded), not SipHash: keyed by every service or VIP.
-use hashbrown::{HashMap, HashSet};
+use hashbrown::HashMap;
 use smallvec::SmallVec;
 
 use crate::model::{LocalState, ObjectKey};
@@ -55,7 +55,7 @@ use codec::Vip;
 use desired::DesiredService;
 use external::{ExtMaps, NodeIface};
 use maps::KernelMaps;
-use plan::{Change, Programmed};
+use plan::Programmed;
 
 pub use loader::{cleanup, CleanupReport};
 
@@ -453,26 +453,7 @@ impl Datapath for EbpfDatapath {
         changed: &[ServiceChange<'_>],
         claims: &Claims,
     ) -> Result<ApplyStats, DatapathError> {
-        let desired: Vec<DesiredService> = changed
-            .iter()
-            .filter_map(|c| c.next)
-            .flat_map(|se| desired::desired_services(se, claims, &self.node_ips))
-            .collect();
-        let upserted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
-        let mut changes = Vec::new();
-        for c in changed {
-            for vip in self.owned.remove(c.key).unwrap_or_default() {
-                if !upserted.contains(&vip) {
-                    changes.push(Change::Remove(vip));
-                }
-            }
-        }
-        changes.extend(desired.iter().map(Change::Upsert));
-        let stats = self.apply_changes(changes)?;
-        for d in &desired {
-            self.own(d);
-        }
-        Ok(stats)
+        Ok(self.apply_partial(changed, claims)?)
     }
 }
 

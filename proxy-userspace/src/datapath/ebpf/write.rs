@@ -2,7 +2,8 @@
 //! backends no slot uses any more, hand removed backends to socket
 //! destruction.
 //!
-//! A full sync of a large cluster is written in chunks of
+//! A full sync of a large cluster, and a partial one that changes as many
+//! services (every pod rotated), is written in chunks of
 //! [`SERVICES_PER_CHUNK`] services, each planned and written on its own, so the
 //! ops and batch buffers in memory at once are a chunk's, not the
 //! cluster's (at 50k services / 250k endpoints one plan is ~550k ops and
@@ -13,7 +14,7 @@
 //! might not fit takes the single-plan path, whose exact check refuses it
 //! before its first write.
 
-use std::sync::Arc;
+use std::borrow::Borrow;
 
 use hashbrown::HashSet;
 
@@ -21,14 +22,11 @@ use super::codec::Vip;
 use super::desired::{self, DesiredService};
 use super::plan::{self, Change, PlanProblem};
 use super::{maps, sockdestroy, EbpfDatapath, EbpfError};
-use crate::datapath::ApplyStats;
+use crate::datapath::{ApplyStats, ServiceChange};
 use crate::model::claims::Claims;
 use crate::model::{LocalState, ServiceEndpoints};
 
-/// A state's services, or a chunk of them.
-type Services = [Arc<ServiceEndpoints>];
-
-/// Services planned and written together in a chunked full sync: a few MB
+/// Services planned and written together in a chunked sync: a few MB
 /// of desired services and ops, and still long runs for the kernel's batch
 /// calls.
 pub(super) const SERVICES_PER_CHUNK: usize = 4_096;
@@ -77,42 +75,110 @@ impl EbpfDatapath {
 
     /// A full sync: every VIP `next` owns written, VIPs in the maps that
     /// it does not have removed first. Returns the VIPs written.
-    ///
-    /// A first pass computes the desired services a chunk at a time to
-    /// learn which VIPs are wanted and a bound of the entries the sync can
-    /// reach; when that fits the maps, the second pass computes and writes
-    /// them again a chunk at a time, so neither all desired services nor
-    /// all ops are ever in memory together.
-    ///
-    /// Both passes use the second core: the first splits the chunks
-    /// between two threads, and in the second a thread computes the next
-    /// chunk's desired services while this one plans and writes the
-    /// current chunk (at most [`CHUNKS_AHEAD`] chunks wait).
     pub(super) fn apply_full(
         &mut self,
         next: &LocalState,
         claims: &Claims,
     ) -> Result<(ApplyStats, HashSet<Vip>), EbpfError> {
         let node_ips = self.node_ips.clone();
-        let desired_of = |part: &[_]| desired::desired_of(part, claims, &node_ips);
-        if next.services.len() <= SERVICES_PER_CHUNK {
-            return self.apply_one_plan(&desired_of(&next.services));
+        if next.services.len() > SERVICES_PER_CHUNK {
+            let chunked = self.write_chunked(
+                &next.services,
+                claims,
+                |dp, wanted| dp.stale(wanted),
+                |dp| dp.owned.clear(),
+            )?;
+            if let Some(done) = chunked {
+                return Ok(done);
+            }
         }
-        let parts: Vec<_> = next.services.chunks(SERVICES_PER_CHUNK).collect();
-        let (wanted, mut bound) = self.first_pass(&parts, &desired_of);
-        let stale = self.stale(&wanted);
-        bound.removals(&stale);
+        self.apply_one_plan(&desired::desired_of(&next.services, claims, &node_ips))
+    }
+
+    /// A partial sync of the `changed` services (`next` of each, `None`
+    /// when it is gone): the VIPs they owned and no longer upsert are
+    /// removed first, a VIP that another of them now owns is overwritten.
+    pub(super) fn apply_partial(
+        &mut self,
+        changed: &[ServiceChange<'_>],
+        claims: &Claims,
+    ) -> Result<ApplyStats, EbpfError> {
+        let services: Vec<&ServiceEndpoints> = changed.iter().filter_map(|c| c.next).collect();
+        let removals_of = |dp: &Self, upserted: &HashSet<Vip>| -> Vec<Vip> {
+            let owned = changed.iter().filter_map(|c| dp.owned.get(c.key));
+            let mut gone: Vec<Vip> = owned
+                .flatten()
+                .filter(|vip| !upserted.contains(*vip))
+                .copied()
+                .collect();
+            gone.sort_unstable();
+            gone.dedup();
+            gone
+        };
+        let disown = |dp: &mut Self| {
+            for c in changed {
+                dp.owned.remove(c.key);
+            }
+        };
+        if services.len() > SERVICES_PER_CHUNK {
+            if let Some((stats, _)) = self.write_chunked(&services, claims, removals_of, disown)? {
+                return Ok(stats);
+            }
+        }
+        let desired = desired::desired_of(&services, claims, &self.node_ips);
+        let upserted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
+        let changes = removals_of(self, &upserted)
+            .into_iter()
+            .map(Change::Remove)
+            .chain(desired.iter().map(Change::Upsert))
+            .collect();
+        disown(self);
+        let stats = self.apply_changes(changes)?;
+        desired.iter().for_each(|d| self.own(d));
+        Ok(stats)
+    }
+
+    /// Writes the VIPs `services` own a chunk at a time, after the
+    /// removals that `removals_of` picks given every VIP they upsert, and
+    /// collects the backends no slot uses any more. `disown` forgets the
+    /// VIPs the services owned before. `None` (nothing written) when a
+    /// bound of the entries might not fit the maps: the caller takes the
+    /// single-plan path, whose exact check refuses it before its first
+    /// write. Returns the VIPs written.
+    ///
+    /// A first pass computes the desired services a chunk at a time to
+    /// learn which VIPs are upserted and a bound of the entries the sync
+    /// can reach; the second pass computes and writes them again a chunk
+    /// at a time, so neither all desired services nor all ops are ever in
+    /// memory together.
+    ///
+    /// Both passes use the second core: the first splits the chunks
+    /// between two threads, and in the second a thread computes the next
+    /// chunk's desired services while this one plans and writes the
+    /// current chunk (at most [`CHUNKS_AHEAD`] chunks wait).
+    fn write_chunked<S: Borrow<ServiceEndpoints> + Sync>(
+        &mut self,
+        services: &[S],
+        claims: &Claims,
+        removals_of: impl FnOnce(&Self, &HashSet<Vip>) -> Vec<Vip>,
+        disown: impl FnOnce(&mut Self),
+    ) -> Result<Option<(ApplyStats, HashSet<Vip>)>, EbpfError> {
+        let node_ips = self.node_ips.clone();
+        let desired_of = |part: &[S]| desired::desired_of(part, claims, &node_ips);
+        let parts: Vec<&[S]> = services.chunks(SERVICES_PER_CHUNK).collect();
+        let (upserted, mut bound) = self.first_pass(&parts, &desired_of);
+        let removals = removals_of(self, &upserted);
+        bound.removals(&removals);
         if self.maps.capacity.overflow(&bound.peak()).is_some() {
-            // One plan, whose exact check refuses what does not fit.
-            return self.apply_one_plan(&desired_of(&next.services));
+            return Ok(None);
         }
         let new_backends = bound.new_backends();
-        self.view.reserve(wanted.len(), new_backends);
-        self.owned.clear();
+        self.view.reserve(upserted.len(), new_backends);
+        disown(self);
         // Decided once: after the first chunk the view is not empty any
         // more, but a first start still has no pairs to destroy.
         let list_pairs = self.lists_socket_pairs();
-        let removals = stale.into_iter().map(Change::Remove).collect();
+        let removals = removals.into_iter().map(Change::Remove).collect();
         let mut written = self.write_changes(removals, list_pairs)?;
         std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::sync_channel(CHUNKS_AHEAD);
@@ -135,19 +201,19 @@ impl EbpfDatapath {
             Ok::<_, EbpfError>(())
         })?;
         self.collect_backends()?;
-        Ok((written.into_result()?, wanted))
+        Ok(Some((written.into_result()?, upserted)))
     }
 
-    /// The first pass of a chunked full sync, its chunks split between
-    /// this thread and another: the VIPs wanted and a bound of the
-    /// entries (without the removals).
-    fn first_pass<'p>(
+    /// The first pass of a chunked sync, its chunks split between this
+    /// thread and another: the VIPs upserted and a bound of the entries
+    /// (without the removals).
+    fn first_pass<'p, S: Sync>(
         &self,
-        parts: &[&'p Services],
-        desired_of: &(dyn Fn(&'p Services) -> Vec<DesiredService> + Sync),
+        parts: &[&'p [S]],
+        desired_of: &(dyn Fn(&'p [S]) -> Vec<DesiredService> + Sync),
     ) -> (HashSet<Vip>, plan::PeakBound<'_>) {
         let view = &self.view;
-        let half = |parts: &[&'p [_]]| {
+        let half = |parts: &[&'p [S]]| {
             let mut wanted = HashSet::new();
             let mut bound = plan::PeakBound::new(view);
             for part in parts {
