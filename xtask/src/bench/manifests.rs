@@ -11,7 +11,7 @@
 //! their endpoints 10.128.0.0 onwards, on another node.
 
 use std::net::Ipv4Addr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
@@ -22,6 +22,8 @@ pub const CHURN_ENDPOINTS: usize = 10;
 /// Services per manifest file (two documents each; the file source takes
 /// at most 1,024 documents per file).
 const SERVICES_PER_FILE: usize = 500;
+/// The service the last file of a rotation adds (see [`stage_rotated`]).
+pub const ROTATED: &str = "rotated";
 /// The file holding `probe` and `churn`: rewritten for each change.
 pub const CHURN_FILE: &str = "scenario.yaml";
 
@@ -185,8 +187,14 @@ fn slice(n: u64, service: &str, endpoints: &[Ep<'_>]) -> Value {
            "endpoints": endpoints})
 }
 
-/// The generated services `from..to` and their slices.
-fn generated(scale: Scale, from: usize, to: usize) -> Vec<Value> {
+/// The generated services `from..to` and their slices; `rotated`: every
+/// pod replaced (a rolling restart of every workload), so every endpoint
+/// has a new address, pod name and uid.
+fn generated(scale: Scale, from: usize, to: usize, rotated: bool) -> Vec<Value> {
+    let (base, pod) = match rotated {
+        false => (Ipv4Addr::new(10, 128, 0, 0), 0),
+        true => (Ipv4Addr::new(10, 160, 0, 0), 1 << 32),
+    };
     let mut out = Vec::with_capacity(2 * (to - from));
     let mut first_endpoint: usize = (0..from).map(|i| scale.endpoints_of(i)).sum();
     let nodes: Vec<String> = (0..OTHER_NODES)
@@ -202,9 +210,9 @@ fn generated(scale: Scale, from: usize, to: usize) -> Vec<Value> {
         let n = scale.endpoints_of(i);
         let eps: Vec<Ep<'_>> = (first_endpoint..first_endpoint + n)
             .map(|e| Ep {
-                ip: offset_ip(Ipv4Addr::new(10, 128, 0, 0), e),
+                ip: offset_ip(base, e),
                 node: &nodes[e % OTHER_NODES],
-                n: e as u64,
+                n: pod + e as u64,
             })
             .collect();
         first_endpoint += n;
@@ -260,17 +268,55 @@ fn documents(objects: &[Value]) -> String {
     text
 }
 
+/// The generated services' files: (name, first service, end).
+fn service_files(scale: Scale) -> impl Iterator<Item = (String, usize, usize)> {
+    (0..scale.services)
+        .step_by(SERVICES_PER_FILE)
+        .map(move |from| {
+            let to = (from + SERVICES_PER_FILE).min(scale.services);
+            (format!("services-{from:06}.yaml"), from, to)
+        })
+}
+
 /// Writes the whole cluster into `dir` (the file source's directory).
 pub fn write_files(dir: &Path, scale: Scale, pods: &[String]) -> Result<()> {
-    let mut from = 0;
-    while from < scale.services {
-        let to = (from + SERVICES_PER_FILE).min(scale.services);
-        let path = dir.join(format!("services-{from:06}.yaml"));
-        std::fs::write(&path, documents(&generated(scale, from, to)))
+    for (name, from, to) in service_files(scale) {
+        let path = dir.join(name);
+        std::fs::write(&path, documents(&generated(scale, from, to, false)))
             .with_context(|| format!("writing {}", path.display()))?;
-        from = to;
     }
     write_driven(dir, pods, 0)
+}
+
+/// Every generated service's file rewritten with its pods rotated (every
+/// endpoint changed), each under a hidden name beside the one it replaces:
+/// (staged, final) paths, for [`rename_all`] to put in place at once. The
+/// last file also gains the service [`ROTATED`]: once the state has it,
+/// the daemon has taken in every file renamed before.
+pub fn stage_rotated(dir: &Path, scale: Scale) -> Result<Vec<(PathBuf, PathBuf)>> {
+    let files: Vec<_> = service_files(scale).collect();
+    let last = files.len().saturating_sub(1);
+    (0..)
+        .zip(files)
+        .map(|(k, (name, from, to))| {
+            let tmp = dir.join(format!(".{name}.tmp"));
+            let mut objects = generated(scale, from, to, true);
+            if k == last {
+                objects.push(service(1 << 41, ROTATED, "10.96.0.7"));
+            }
+            std::fs::write(&tmp, documents(&objects))
+                .with_context(|| format!("writing {}", tmp.display()))?;
+            Ok((tmp, dir.join(name)))
+        })
+        .collect()
+}
+
+/// Renames each staged file over its final path: one burst of renames.
+pub fn rename_all(staged: &[(PathBuf, PathBuf)]) -> Result<()> {
+    for (tmp, path) in staged {
+        std::fs::rename(tmp, path).with_context(|| format!("renaming {}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// Rewrites the file of `probe` and `churn` atomically (rename into place,
@@ -285,7 +331,7 @@ pub fn write_driven(dir: &Path, pods: &[String], generation: usize) -> Result<()
 /// Every object of the cluster, for the fake API server.
 pub fn objects(scale: Scale, pods: &[String]) -> Vec<Value> {
     let mut out = vec![json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"}})];
-    out.extend(generated(scale, 0, scale.services));
+    out.extend(generated(scale, 0, scale.services, false));
     out.extend(driven(pods, 0));
     out
 }
@@ -306,7 +352,7 @@ mod tests {
     #[test]
     fn every_endpoint_is_generated_once() {
         let scale = parse_scale("7/23").unwrap();
-        let objects = generated(scale, 0, 7);
+        let objects = generated(scale, 0, 7, false);
         let eps: Vec<&Value> = objects
             .iter()
             .filter(|o| o["kind"] == "EndpointSlice")
@@ -317,8 +363,26 @@ mod tests {
             eps.iter().map(|e| e["addresses"][0].to_string()).collect();
         assert_eq!(distinct.len(), 23);
         // A chunk starts where the previous one ended.
-        let tail = generated(scale, 3, 7);
+        let tail = generated(scale, 3, 7, false);
         assert_eq!(tail[1], objects[7]);
+    }
+
+    #[test]
+    fn a_rotation_changes_every_endpoint_and_no_service() {
+        let scale = parse_scale("7/23").unwrap();
+        let (before, after) = (generated(scale, 0, 7, false), generated(scale, 0, 7, true));
+        for (b, a) in before.iter().zip(&after) {
+            if b["kind"] == "Service" {
+                assert_eq!(b, a);
+                continue;
+            }
+            let eps = |o: &Value| o["endpoints"].as_array().unwrap().clone();
+            for (eb, ea) in eps(b).iter().zip(&eps(a)) {
+                assert_ne!(eb["addresses"], ea["addresses"]);
+                assert_ne!(eb["targetRef"]["uid"], ea["targetRef"]["uid"]);
+                assert_ne!(eb["targetRef"]["name"], ea["targetRef"]["name"]);
+            }
+        }
     }
 
     #[test]

@@ -170,6 +170,25 @@ fn rows(datapath: &str, source: Source) -> Vec<Row> {
             },
         });
     }
+    if source == Source::File {
+        rows.push(Row {
+            figure: "every pod rotated, one burst of renamed manifests: rename → programmed",
+            unit: "s",
+            goal: None,
+            value: |c| c.rotation.as_ref().map(|r| r.seconds).map_err(Clone::clone),
+        });
+        rows.push(Row {
+            figure: "  … daemon peak RSS (VmHWM) with it",
+            unit: "MiB",
+            goal: Some(200.0),
+            value: |c| {
+                c.rotation
+                    .as_ref()
+                    .map(|r| r.peak_rss_mib)
+                    .map_err(Clone::clone)
+            },
+        });
+    }
     if datapath != "none" {
         rows.push(Row {
             figure: "restart under load: failed requests",

@@ -69,6 +69,18 @@ pub struct Relist {
     pub peak_rss_mib: f64,
 }
 
+/// Every pod of the cluster replaced at once (file source: every manifest
+/// rewritten beside the old one, then all renamed into place in one
+/// burst).
+#[derive(Clone, Debug)]
+pub struct Rotation {
+    /// From the first rename until the new state was programmed.
+    pub seconds: f64,
+    /// VmHWM once it was: the peak of the daemon restarted under load
+    /// (its start, then the rotation).
+    pub peak_rss_mib: f64,
+}
+
 /// One full-frame fan-out: how long, how large a frame, whose CPU.
 #[derive(Clone, Debug)]
 pub struct FanOut {
@@ -104,6 +116,8 @@ pub struct CellResult {
     pub fanout_delta_ms: Result<f64, String>,
     /// The kube source only.
     pub relist: Result<Relist, String>,
+    /// The file source only.
+    pub rotation: Result<Rotation, String>,
     pub restart: Result<Restart, String>,
 }
 
@@ -191,6 +205,7 @@ pub fn run_cell(
         fanout_cpu: skipped("not reached"),
         fanout_delta_ms: skipped("not reached"),
         relist: skipped("not reached"),
+        rotation: skipped("not reached"),
         restart: skipped("not reached"),
     };
     let mut bed = match Bed::new(datapath, settings.daemon_bin.clone()) {
@@ -269,6 +284,16 @@ pub fn run_cell(
     } else {
         restart_under_load(&mut bed, total, settings).map_err(|e| format!("{e:#}"))
     };
+    result.rotation = match &driver {
+        Driver::File(dir) => rotation(&mut bed, dir, scale).map_err(|e| format!("{e:#}")),
+        Driver::Kube { .. } => skipped("measured for the file source"),
+    };
+    if let Ok(r) = &result.rotation {
+        println!(
+            "      every pod rotated in one burst: {:.2} s, VmHWM {:.0} MiB",
+            r.seconds, r.peak_rss_mib
+        );
+    }
     drop(bed);
     drop(driver);
     result
@@ -583,6 +608,28 @@ fn relist(bed: &mut Bed, api: &FakeApiServer) -> Result<Relist> {
     })
 }
 
+/// Every generated manifest rewritten with its pods rotated, then all
+/// renamed into place at once. The file source takes each file whole but
+/// may take the burst in more than one state; the rotation is in when the
+/// service the last file adds is programmed.
+fn rotation(bed: &mut Bed, dir: &std::path::Path, scale: Scale) -> Result<Rotation> {
+    let staged = manifests::stage_rotated(dir, scale)?;
+    let before = daemon::progress(bed)?;
+    let started = unix_now();
+    manifests::rename_all(&staged)?;
+    let p = daemon::wait_for(
+        bed,
+        Duration::from_secs(120),
+        Duration::from_millis(20),
+        "the rotation programmed",
+        |p| p.services > before.services && p.programmed_rev >= p.state_rev,
+    )?;
+    Ok(Rotation {
+        seconds: p.programmed_at - started,
+        peak_rss_mib: daemon::peak_rss_mib(bed)?,
+    })
+}
+
 /// The `q`th percentile (nearest rank) of `samples`.
 pub fn percentile(samples: &[f64], q: f64) -> f64 {
     if samples.is_empty() {
@@ -633,6 +680,10 @@ impl CellResult {
             })),
             "fanout_delta_ms": json_of(&self.fanout_delta_ms, |v| json!(v)),
             "relist": json_of(&self.relist, |r| json!({
+                "seconds": r.seconds,
+                "vmhwm_mib": r.peak_rss_mib,
+            })),
+            "rotation": json_of(&self.rotation, |r| json!({
                 "seconds": r.seconds,
                 "vmhwm_mib": r.peak_rss_mib,
             })),
