@@ -539,6 +539,59 @@ fn one_endpoint_change_is_map_elements_only_whatever_the_service_count() {
     });
 }
 
+/// A change of most services (every pod rotated, a tenth of the services
+/// deleted) refills the table in one transaction instead of deleting and
+/// adding most of it, and the kernel then holds exactly the new state.
+#[test]
+fn a_change_of_most_services_refills_the_table_with_the_new_state() {
+    in_private_netns(|| {
+        let services = 5000;
+        let prev = many(services, 5);
+        let mut dp = NftDatapath::open(Vec::new()).unwrap();
+        dp.program_all(&prev, &Claims::of(&prev)).unwrap();
+        // Endpoints from 10.200.0.0 on instead of 10.100.0.0; services
+        // 4500.. gone.
+        let next = LocalState::new(prev.services.iter().take(4500).map(|se| {
+            let mut se = ServiceEndpoints::clone(se);
+            for ep in &mut se.endpoints {
+                let [a, b, c, d] = match ep.ip {
+                    std::net::IpAddr::V4(v4) => v4.octets(),
+                    other => panic!("{other}"),
+                };
+                ep.ip = std::net::Ipv4Addr::new(a, b + 100, c, d).into();
+            }
+            se
+        }));
+        let changed: Vec<ServiceChange<'_>> = prev
+            .services
+            .iter()
+            .map(|se| ServiceChange {
+                key: &se.service.key,
+                next: next.service(&se.service.key),
+            })
+            .collect();
+        let claims = Claims::of(&next);
+        dp.program_changes(&prev, &next, &changed, &claims).unwrap();
+        let (_, commands) = dp.last_transaction(Family::V4).unwrap().clone();
+        assert!(
+            commands[0].starts_with("add table"),
+            "not a refill: {:#?}",
+            &commands[..5]
+        );
+        let endpoints = json_elements(rules::INTERNAL_ENDPOINTS);
+        assert_eq!(endpoints.len(), 4500 * 5);
+        let old: Vec<_> = endpoints
+            .iter()
+            .filter(|(_, v)| v["concat"][0].as_str().unwrap_or("").starts_with("10.1"))
+            .take(3)
+            .collect();
+        assert!(old.is_empty(), "endpoints of the old state: {old:?}");
+        let drifts = dp.verify(&next, &claims).unwrap();
+        assert!(drifts.is_empty(), "{:?}", &drifts[..drifts.len().min(3)]);
+        nft::cleanup().unwrap();
+    });
+}
+
 /// A table written by the earlier layout (endpoints as DNAT rules in the
 /// service chains) is refilled in one transaction: the service chain
 /// then picks from the maps, and no rule of the earlier layout is left.
