@@ -21,7 +21,7 @@
 //!   counted (`ebpf_kube_proxy_datapath_drift_total{kind}`) and repaired
 //!   at once by a full sync.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -205,8 +205,9 @@ impl Applier {
         }
         // Services that won or lost an address without changing
         // themselves are reprogrammed as they are.
+        let listed: HashSet<&ObjectKey> = changed.iter().map(|c| c.key).collect();
         for key in &moved {
-            if !changed.iter().any(|c| c.key == key) {
+            if !listed.contains(key) {
                 if let Some(se) = next.service(key) {
                     changed.push(ServiceChange {
                         key: &se.service.key,
