@@ -659,7 +659,15 @@ fn handle(
             tokio::select! {
                 _ = changes.changed() => {}
                 _ = tokio::time::sleep(Duration::from_millis(500)), if bookmarks => {
-                    let rv = state.lock().unwrap().rv;
+                    // A bookmark never names a version of another history
+                    // (after `restart`): the stream ends instead.
+                    let rv = {
+                        let st = state.lock().unwrap();
+                        if st.generation != generation || st.down {
+                            return;
+                        }
+                        st.rv
+                    };
                     let bookmark = json!({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api_version,
                         "metadata": {"resourceVersion": rv.to_string()}}});
                     if tx.send(line(bookmark)).await.is_err() {

@@ -597,7 +597,7 @@ fn relist(bed: &mut Bed, api: &FakeApiServer) -> Result<Relist> {
         if started.elapsed() > Duration::from_secs(60) {
             bail!(
                 "not relisted within 60 s; log:\n{}",
-                daemon::log_tail(bed, 8)
+                daemon::log_tail(bed, 20)
             );
         }
         std::thread::sleep(Duration::from_millis(20));
