@@ -169,14 +169,16 @@ fn describe(map: &str, keys: &[String], total: usize) -> String {
 /// keeps: those the batch keeps a description of.
 pub const LAST_TRANSACTION_KEPT: usize = batch::COMMANDS_DESCRIBED;
 
-/// A change of at least this many services that is also at least half of
-/// the state (every pod rotated, a namespace's worth of services replaced)
-/// is programmed by refilling the table: one transaction of the new state
-/// is smaller and quicker than one deleting and adding most of it (at
-/// 50k services / 250k endpoints a partial sync of every service built
-/// 250k element deletions and 250k additions, and the daemon peaked at
-/// 464 MiB).
+/// A change of at least [`REFILL_AT`] services that is also at least one
+/// [`REFILL_SHARE`]th of the state (every pod rotated, a namespace's worth
+/// of services replaced) is programmed by refilling the table: one
+/// transaction of the new state is smaller and quicker than one deleting
+/// and adding that much. A partial sync holds each changed element twice
+/// (deleted and added) before it is encoded, the refill streams the state
+/// into the batch: at 50k services / 250k endpoints a partial sync of
+/// every service peaked at 464 MiB, the refill at 271 MiB.
 const REFILL_AT: usize = 4_096;
+const REFILL_SHARE: usize = 8;
 
 /// `kubeproxy_sync_proxy_rules_nftables_*` (SPEC §5.1), nftables mode only.
 #[derive(Clone, Debug)]
@@ -633,7 +635,7 @@ impl Datapath for NftDatapath {
     }
 
     /// Only the changed services, in one transaction per family; when they
-    /// are most of the state (see [`REFILL_AT`]), a full sync instead.
+    /// are many (see [`REFILL_AT`]), a full sync instead.
     fn program_changes(
         &mut self,
         prev: &LocalState,
@@ -641,7 +643,7 @@ impl Datapath for NftDatapath {
         changed: &[ServiceChange<'_>],
         claims: &Claims,
     ) -> Result<ApplyStats, DatapathError> {
-        if changed.len() >= REFILL_AT && changed.len() * 2 >= next.services.len() {
+        if changed.len() >= REFILL_AT && changed.len() * REFILL_SHARE >= next.services.len() {
             tracing::debug!(
                 services_changed = changed.len(),
                 "most services changed: refilling the table instead"
