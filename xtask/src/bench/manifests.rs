@@ -296,8 +296,9 @@ pub fn write_files(dir: &Path, scale: Scale, pods: &[String]) -> Result<()> {
 pub fn stage_rotated(dir: &Path, scale: Scale) -> Result<Vec<(PathBuf, PathBuf)>> {
     let files: Vec<_> = service_files(scale).collect();
     let last = files.len().saturating_sub(1);
-    (0..)
-        .zip(files)
+    files
+        .into_iter()
+        .enumerate()
         .map(|(k, (name, from, to))| {
             let tmp = dir.join(format!(".{name}.tmp"));
             let mut objects = generated(scale, from, to, true);

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 use super::manifests::Scale;
-use super::scale::{percentile, CellResult, Source};
+use super::scale::{percentile, CellResult, Episode, Source};
 
 /// One figure's goal: `value <= limit` (`None`: reported, no goal).
 type Goal = Option<f64>;
@@ -18,6 +18,16 @@ struct Row {
     goal: Goal,
     /// The figure of a cell, or why there is none.
     value: fn(&CellResult) -> Result<f64, String>,
+}
+
+/// An episode's seconds, or why there are none.
+fn seconds(e: &Result<Episode, String>) -> Result<f64, String> {
+    e.as_ref().map(|e| e.seconds).map_err(Clone::clone)
+}
+
+/// The daemon's VmHWM with an episode, or why there is none.
+fn peak_rss(e: &Result<Episode, String>) -> Result<f64, String> {
+    e.as_ref().map(|e| e.peak_rss_mib).map_err(Clone::clone)
 }
 
 fn p99(samples: &[f64]) -> f64 {
@@ -156,18 +166,13 @@ fn rows(datapath: &str, source: Source) -> Vec<Row> {
             figure: "relist after an API server restart: restart → relisted",
             unit: "s",
             goal: None,
-            value: |c| c.relist.as_ref().map(|r| r.seconds).map_err(Clone::clone),
+            value: |c| seconds(&c.relist),
         });
         rows.push(Row {
             figure: "  … daemon peak RSS (VmHWM) with it",
             unit: "MiB",
             goal: Some(200.0),
-            value: |c| {
-                c.relist
-                    .as_ref()
-                    .map(|r| r.peak_rss_mib)
-                    .map_err(Clone::clone)
-            },
+            value: |c| peak_rss(&c.relist),
         });
     }
     if source == Source::File {
@@ -175,18 +180,13 @@ fn rows(datapath: &str, source: Source) -> Vec<Row> {
             figure: "every pod rotated, one burst of renamed manifests: rename → programmed",
             unit: "s",
             goal: None,
-            value: |c| c.rotation.as_ref().map(|r| r.seconds).map_err(Clone::clone),
+            value: |c| seconds(&c.rotation),
         });
         rows.push(Row {
             figure: "  … daemon peak RSS (VmHWM) with it",
             unit: "MiB",
             goal: Some(200.0),
-            value: |c| {
-                c.rotation
-                    .as_ref()
-                    .map(|r| r.peak_rss_mib)
-                    .map_err(Clone::clone)
-            },
+            value: |c| peak_rss(&c.rotation),
         });
     }
     if datapath != "none" {

@@ -59,26 +59,25 @@ pub struct Restart {
     pub reconcile_s: f64,
 }
 
-/// An API server restart that changed nothing: every watch gets 410 Gone
-/// and relists.
+/// A one-off event the daemon goes through: an API server restart that
+/// changed nothing (every watch gets 410 Gone and relists, kube source),
+/// or every pod rotated at once (every manifest rewritten beside the old
+/// one, then all renamed into place in one burst, file source).
 #[derive(Clone, Debug)]
-pub struct Relist {
-    /// From the restart until every resource relisted.
+pub struct Episode {
+    /// From the event until the daemon took it in (every resource
+    /// relisted; the rotation programmed).
     pub seconds: f64,
-    /// VmHWM once it did (the daemon's peak so far, the relist included).
+    /// VmHWM once it had: the daemon's peak so far, the event included
+    /// (for a rotation, the daemon restarted under load: its start, then
+    /// the rotation).
     pub peak_rss_mib: f64,
 }
 
-/// Every pod of the cluster replaced at once (file source: every manifest
-/// rewritten beside the old one, then all renamed into place in one
-/// burst).
-#[derive(Clone, Debug)]
-pub struct Rotation {
-    /// From the first rename until the new state was programmed.
-    pub seconds: f64,
-    /// VmHWM once it was: the peak of the daemon restarted under load
-    /// (its start, then the rotation).
-    pub peak_rss_mib: f64,
+impl Episode {
+    fn to_json(&self) -> Value {
+        json!({"seconds": self.seconds, "vmhwm_mib": self.peak_rss_mib})
+    }
 }
 
 /// One full-frame fan-out: how long, how large a frame, whose CPU.
@@ -115,9 +114,9 @@ pub struct CellResult {
     /// The same with watchers that ask for delta frames.
     pub fanout_delta_ms: Result<f64, String>,
     /// The kube source only.
-    pub relist: Result<Relist, String>,
+    pub relist: Result<Episode, String>,
     /// The file source only.
-    pub rotation: Result<Rotation, String>,
+    pub rotation: Result<Episode, String>,
     pub restart: Result<Restart, String>,
 }
 
@@ -583,7 +582,7 @@ fn restart_under_load(bed: &mut Bed, total: u64, settings: &Settings) -> Result<
 /// changed): every watch gets 410 Gone and lists again, and the daemon
 /// should take in what changed (nothing), not hold a second copy of the
 /// cluster. Waits for each resource's "relisted" log line.
-fn relist(bed: &mut Bed, api: &FakeApiServer) -> Result<Relist> {
+fn relist(bed: &mut Bed, api: &FakeApiServer) -> Result<Episode> {
     // Services, EndpointSlices, the Node, its Pods.
     const RESOURCES: usize = 4;
     let relisted = |bed: &Bed| bed.daemon_log().matches("relisted").count();
@@ -602,7 +601,7 @@ fn relist(bed: &mut Bed, api: &FakeApiServer) -> Result<Relist> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(Relist {
+    Ok(Episode {
         seconds: started.elapsed().as_secs_f64(),
         peak_rss_mib: daemon::peak_rss_mib(bed)?,
     })
@@ -612,7 +611,7 @@ fn relist(bed: &mut Bed, api: &FakeApiServer) -> Result<Relist> {
 /// renamed into place at once. The file source takes each file whole but
 /// may take the burst in more than one state; the rotation is in when the
 /// service the last file adds is programmed.
-fn rotation(bed: &mut Bed, dir: &std::path::Path, scale: Scale) -> Result<Rotation> {
+fn rotation(bed: &mut Bed, dir: &std::path::Path, scale: Scale) -> Result<Episode> {
     let staged = manifests::stage_rotated(dir, scale)?;
     let before = daemon::progress(bed)?;
     let started = unix_now();
@@ -624,7 +623,7 @@ fn rotation(bed: &mut Bed, dir: &std::path::Path, scale: Scale) -> Result<Rotati
         "the rotation programmed",
         |p| p.services > before.services && p.programmed_rev >= p.state_rev,
     )?;
-    Ok(Rotation {
+    Ok(Episode {
         seconds: p.programmed_at - started,
         peak_rss_mib: daemon::peak_rss_mib(bed)?,
     })
@@ -679,14 +678,8 @@ impl CellResult {
                 "watchers": c.watchers_s,
             })),
             "fanout_delta_ms": json_of(&self.fanout_delta_ms, |v| json!(v)),
-            "relist": json_of(&self.relist, |r| json!({
-                "seconds": r.seconds,
-                "vmhwm_mib": r.peak_rss_mib,
-            })),
-            "rotation": json_of(&self.rotation, |r| json!({
-                "seconds": r.seconds,
-                "vmhwm_mib": r.peak_rss_mib,
-            })),
+            "relist": json_of(&self.relist, Episode::to_json),
+            "rotation": json_of(&self.rotation, Episode::to_json),
             "restart": json_of(&self.restart, |r| json!({
                 "requests": r.requests,
                 "failed": r.failed,

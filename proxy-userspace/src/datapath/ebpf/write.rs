@@ -80,7 +80,6 @@ impl EbpfDatapath {
         next: &LocalState,
         claims: &Claims,
     ) -> Result<(ApplyStats, HashSet<Vip>), EbpfError> {
-        let node_ips = self.node_ips.clone();
         if next.services.len() > SERVICES_PER_CHUNK {
             let chunked = self.write_chunked(
                 &next.services,
@@ -92,7 +91,8 @@ impl EbpfDatapath {
                 return Ok(done);
             }
         }
-        self.apply_one_plan(&desired::desired_of(&next.services, claims, &node_ips))
+        let desired = desired::desired_of(&next.services, claims, &self.node_ips);
+        self.apply_one_plan(&desired)
     }
 
     /// A partial sync of the `changed` services (`next` of each, `None`

@@ -646,7 +646,7 @@ impl Datapath for NftDatapath {
         if changed.len() >= REFILL_AT && changed.len() * REFILL_SHARE >= next.services.len() {
             tracing::debug!(
                 services_changed = changed.len(),
-                "most services changed: refilling the table instead"
+                "many services changed: refilling the table instead"
             );
             return self.program_all(next, claims);
         }
