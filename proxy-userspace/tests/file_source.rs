@@ -373,3 +373,90 @@ async fn a_burst_larger_than_a_read_chunk_is_published_whole() {
         "half a burst was computed; log:\n{log}"
     );
 }
+
+/// The names of the Services a localnet state serves.
+fn served(state: &ebpf_kube_proxy::localnet::client::State) -> Vec<String> {
+    let mut names: Vec<String> = state
+        .services
+        .iter()
+        .filter_map(|s| s.service.as_ref().map(|s| s.name.clone()))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The next revision of the daemon's state, within 10 s.
+async fn next_state(
+    c: &mut proto::localnet::v1::endpoints_client::EndpointsClient<tonic::transport::Channel>,
+    after: &ebpf_kube_proxy::localnet::client::State,
+    d: &Daemon,
+) -> ebpf_kube_proxy::localnet::client::State {
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        ebpf_kube_proxy::localnet::client::next(c, after.instance_id, after.rev),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("no new revision; log:\n{}", d.log_text()))
+    .unwrap()
+}
+
+/// kube-proxy's informers select Services and EndpointSlices with
+/// `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`:
+/// the file source serves the same set. A Service labelled headless (here
+/// with a ClusterIP, as the upstream e2e test "should implement
+/// service.kubernetes.io/headless" does) is not served, and is served once
+/// the label is removed; labelling it again takes it away again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_labelled_headless_is_not_served_until_the_label_is_removed() {
+    let plain = |name: &str, ip: &str| {
+        format!(
+            "{}---\n{}",
+            service("default", name, ip),
+            slice("default", name, &["10.244.1.1"])
+        )
+    };
+    let labelled = |name: &str, ip: &str, labels: &str| {
+        plain(name, ip).replacen(
+            &format!("name: {name}, namespace: default}}"),
+            &format!("name: {name}, namespace: default, labels: {{{labels}}}}}"),
+            1,
+        )
+    };
+    let headless = labelled("hl", "10.96.0.20", "service.kubernetes.io/headless: \"\"");
+    assert!(headless.contains("labels:"), "{headless}");
+    let d = Daemon::start(&[
+        ("web.yaml", &plain("web", "10.96.0.10")),
+        ("hl.yaml", &headless),
+        (
+            "other.yaml",
+            &labelled(
+                "other",
+                "10.96.0.30",
+                "service.kubernetes.io/service-proxy-name: other-proxy",
+            ),
+        ),
+    ]);
+    let mut c = d.unix().await;
+    let first = ebpf_kube_proxy::localnet::client::next(&mut c, 0, 0)
+        .await
+        .unwrap();
+    assert_eq!(served(&first), ["web"], "{first:?}");
+
+    // The label removed at runtime: served.
+    common::write_atomic(&d.manifest("hl.yaml"), &plain("hl", "10.96.0.20"));
+    let second = next_state(&mut c, &first, &d).await;
+    assert_eq!(served(&second), ["hl", "web"], "{second:?}");
+    assert!(format!("{second:?}").contains("10.96.0.20"));
+
+    // Labelled again (any value): gone again.
+    common::write_atomic(
+        &d.manifest("hl.yaml"),
+        &labelled(
+            "hl",
+            "10.96.0.20",
+            "service.kubernetes.io/headless: \"yes\"",
+        ),
+    );
+    let third = next_state(&mut c, &second, &d).await;
+    assert_eq!(served(&third), ["web"], "{third:?}");
+}

@@ -149,6 +149,22 @@ pub struct LoadBalancerIngress {
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
 /// Label set on EndpointSlices of headless Services.
 pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+/// Labels that take a Service or an EndpointSlice away from this proxy,
+/// whatever their value: kube-proxy's informers list both kinds with the
+/// selector `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`.
+/// The kube source sends that selector ([`proxy_label_selector`]); the
+/// model drops what any other source gives ([`Labels::proxy_selects`]).
+pub const PROXY_EXCLUDING_LABELS: [&str; 2] = [LABEL_SERVICE_PROXY_NAME, LABEL_HEADLESS];
+
+/// kube-proxy's label selector for Services and EndpointSlices, as the API
+/// server reads it.
+pub fn proxy_label_selector() -> String {
+    PROXY_EXCLUDING_LABELS
+        .iter()
+        .map(|l| format!("!{l}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
 /// Label linking an EndpointSlice to its Service.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// Node label carrying the zone.
@@ -254,6 +270,14 @@ impl Labels {
 
     pub fn contains_key(&self, key: &str) -> bool {
         self.find(key).is_ok()
+    }
+
+    /// Whether kube-proxy's label selector ([`proxy_label_selector`])
+    /// keeps an object carrying these labels.
+    pub fn proxy_selects(&self) -> bool {
+        !PROXY_EXCLUDING_LABELS
+            .iter()
+            .any(|label| self.contains_key(label))
     }
 
     /// Sets `key` to `value`, replacing an earlier value.

@@ -16,8 +16,7 @@ use hashbrown::HashMap;
 
 use super::cluster::{
     AddressType, ClusterState, Endpoint, EndpointHints, EndpointSlice, IpFamily, Node, Service,
-    ServicePort, ServiceType, TargetPort, TrafficPolicy, LABEL_HEADLESS, LABEL_SERVICE_NAME,
-    LABEL_SERVICE_PROXY_NAME,
+    ServicePort, ServiceType, TargetPort, TrafficPolicy, LABEL_SERVICE_NAME,
 };
 use super::intern::ArcStr;
 use super::local::{
@@ -104,12 +103,12 @@ fn non_empty(s: Option<&str>) -> Option<&str> {
 fn is_proxied(svc: &Service) -> bool {
     svc.service_type != ServiceType::ExternalName
         && !svc.cluster_ips.is_empty()
-        && !svc.labels.contains_key(LABEL_SERVICE_PROXY_NAME)
+        && svc.labels.proxy_selects()
 }
 
 /// Whether a slice's endpoints can back its Service at all.
 fn usable(slice: &EndpointSlice) -> bool {
-    slice.address_type != AddressType::Fqdn && !slice.labels.contains_key(LABEL_HEADLESS)
+    slice.address_type != AddressType::Fqdn && slice.labels.proxy_selects()
 }
 
 /// Groups the slices by owning Service in one pass. Because

@@ -43,14 +43,10 @@ mod known;
 mod raw;
 
 use super::{RejectReason, SourceMessage, SourceSender};
+use crate::model::cluster::proxy_label_selector;
 use crate::model::{Change, Object, ObjectKey, ObjectKind, ObjectRef};
 use known::Known;
 use raw::{Checked, RawObject, Rejection, Watched};
-
-/// Selector kube-proxy applies to Services and EndpointSlices: objects of
-/// another proxy and headless services' slices are never even listed.
-pub const PROXY_LABEL_SELECTOR: &str =
-    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeSourceError {
@@ -454,7 +450,9 @@ pub async fn run(
         let (client, server, cancel) = (client.clone(), server.clone(), cancel.clone());
         tokio::spawn(async move { cancel.run_until_cancelled(server.probe(&client)).await });
     }
-    let proxied = watcher::Config::default().labels(PROXY_LABEL_SELECTOR);
+    // kube-proxy's selector: objects of another proxy and headless
+    // services' slices are never even listed.
+    let proxied = watcher::Config::default().labels(&proxy_label_selector());
     // The watches end with `cancel`, and with this function (the set aborts
     // what is left when dropped).
     let mut watches = JoinSet::new();

@@ -185,6 +185,27 @@ pub(super) fn cases() -> Vec<Case> {
             vec![Svcs(&["ns/web"])],
         ),
         case(
+            "headless_label_skips_service_with_a_cluster_ip_whatever_its_value",
+            vec![
+                svc("labelled").label(LABEL_HEADLESS, "true"),
+                svc("empty-value").label(LABEL_HEADLESS, ""),
+                svc("web"),
+            ],
+            vec![slice("labelled-a", "labelled").eps(vec![ep("10.1.0.1")])],
+            vec![Svcs(&["ns/web"])],
+        ),
+        case(
+            "service_proxy_name_labelled_slice_ignored",
+            vec![svc("web")],
+            vec![
+                slice("web-a", "web")
+                    .label(LABEL_SERVICE_PROXY_NAME, "other")
+                    .eps(vec![ep("10.1.0.9")]),
+                slice("web-b", "web").eps(vec![ep("10.1.0.1")]),
+            ],
+            vec![Eps("web", &["10.1.0.1 /TCP=8080:C-IE"])],
+        ),
+        case(
             "fqdn_slice_ignored",
             vec![svc("web")],
             vec![

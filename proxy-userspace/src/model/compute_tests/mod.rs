@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::super::cluster::{
     EndpointHints, EndpointSlicePort, Labels, LoadBalancerIngress, ObjectKey, Protocol,
-    DEFAULT_AFFINITY_TIMEOUT_SECONDS, LABEL_ZONE,
+    DEFAULT_AFFINITY_TIMEOUT_SECONDS, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, LABEL_ZONE,
 };
 use super::super::target_ref::TargetRef;
 use super::*;
