@@ -9,7 +9,7 @@
 //! ones.
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use super::nlsock::{NFPROTO_IPV4, NFPROTO_IPV6};
 
@@ -17,17 +17,19 @@ use crate::model::{LocalState, Protocol, ServiceEndpoints};
 
 const UDP: u8 = 17;
 
-/// Which entries to delete.
+/// Which entries to delete. An endpoint is its address and target port:
+/// a targetPort change keeps the pod and moves the port, and the flows
+/// DNATed to the old port must go with it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Flush {
     /// Entries for `vip:port` DNATed to `endpoint` (the endpoint is gone).
     Endpoint {
         vip: IpAddr,
         port: u16,
-        endpoint: IpAddr,
+        endpoint: SocketAddr,
     },
     /// Node-port entries DNATed to `endpoint` (the endpoint is gone).
-    NodePortEndpoint { port: u16, endpoint: IpAddr },
+    NodePortEndpoint { port: u16, endpoint: SocketAddr },
     /// Every entry for `vip:port` (the service got its first endpoint; the
     /// entries hold flows from before).
     Service { vip: IpAddr, port: u16 },
@@ -36,7 +38,7 @@ pub enum Flush {
     Stale {
         vip: IpAddr,
         port: u16,
-        endpoints: BTreeSet<IpAddr>,
+        endpoints: BTreeSet<SocketAddr>,
     },
 }
 
@@ -50,40 +52,47 @@ impl Flush {
         }
     }
 
-    /// Whether a UDP entry is one this flush deletes.
+    /// Whether a conntrack entry is one this flush deletes: a UDP entry
+    /// to the frontend whose reply comes from the endpoint's address and
+    /// port.
     pub fn matches(&self, e: &ct::Entry) -> bool {
         let to = |vip: &IpAddr, port: &u16| e.orig.dst == *vip && e.orig.dport == *port;
-        match self {
-            Flush::Endpoint {
-                vip,
-                port,
-                endpoint,
-            } => to(vip, port) && e.reply.src == *endpoint,
-            Flush::NodePortEndpoint { port, endpoint } => {
-                e.orig.dport == *port && e.reply.src == *endpoint && e.orig.dst != *endpoint
+        let from = SocketAddr::new(e.reply.src, e.reply.sport);
+        e.orig.proto == UDP
+            && match self {
+                Flush::Endpoint {
+                    vip,
+                    port,
+                    endpoint,
+                } => to(vip, port) && from == *endpoint,
+                Flush::NodePortEndpoint { port, endpoint } => {
+                    e.orig.dport == *port && from == *endpoint && e.orig.dst != endpoint.ip()
+                }
+                Flush::Service { vip, port } => to(vip, port),
+                Flush::Stale {
+                    vip,
+                    port,
+                    endpoints,
+                } => to(vip, port) && !endpoints.contains(&from),
             }
-            Flush::Service { vip, port } => to(vip, port),
-            Flush::Stale {
-                vip,
-                port,
-                endpoints,
-            } => to(vip, port) && !endpoints.contains(&e.reply.src),
-        }
     }
 }
 
-/// Endpoint IPs serving UDP port `name` in any scope.
-fn udp_endpoints(se: Option<&ServiceEndpoints>, name: &str) -> BTreeSet<IpAddr> {
+/// The endpoints (address and target port) serving UDP port `name` in
+/// any scope.
+fn udp_endpoints(se: Option<&ServiceEndpoints>, name: &str) -> BTreeSet<SocketAddr> {
     se.into_iter()
         .flat_map(|se| &se.endpoints)
-        .filter(|ep| {
-            ep.ports.iter().any(|p| {
-                p.name == name
-                    && p.protocol == Protocol::Udp
-                    && (p.scopes.internal || p.scopes.external)
-            })
+        .filter_map(|ep| {
+            ep.ports
+                .iter()
+                .find(|p| {
+                    p.name == name
+                        && p.protocol == Protocol::Udp
+                        && (p.scopes.internal || p.scopes.external)
+                })
+                .map(|p| SocketAddr::new(ep.ip, p.port))
         })
-        .map(|ep| ep.ip)
         .collect()
 }
 
@@ -569,10 +578,10 @@ mod tests {
             [Flush::Endpoint {
                 vip: "10.96.0.10".parse().unwrap(),
                 port: 80,
-                endpoint: "10.244.1.12".parse().unwrap()
+                endpoint: "10.244.1.12:8080".parse().unwrap()
             }]
         );
-        let entry = |reply_src: &str| ct::Entry {
+        let entry = |reply_src: &str, reply_port: u16| ct::Entry {
             orig: ct::Tuple {
                 src: "10.244.2.5".parse().unwrap(),
                 dst: "10.96.0.10".parse().unwrap(),
@@ -584,13 +593,40 @@ mod tests {
                 src: reply_src.parse().unwrap(),
                 dst: "10.244.2.5".parse().unwrap(),
                 proto: UDP,
-                sport: 8080,
+                sport: reply_port,
                 dport: 40000,
             },
             zone: None,
         };
-        assert!(flushes[0].matches(&entry("10.244.1.12")));
-        assert!(!flushes[0].matches(&entry("10.244.1.11")));
+        assert!(flushes[0].matches(&entry("10.244.1.12", 8080)));
+        assert!(!flushes[0].matches(&entry("10.244.1.11", 8080)));
+        assert!(!flushes[0].matches(&entry("10.244.1.12", 8081)));
+        let mut tcp = entry("10.244.1.12", 8080);
+        tcp.orig.proto = 6;
+        assert!(!flushes[0].matches(&tcp));
+    }
+
+    #[test]
+    fn a_target_port_change_flushes_the_old_port_of_the_same_pod() {
+        let mut old = udp(web(vec![endpoint("10.244.1.11", true)], None));
+        old.service.ports[0].node_port = 30080;
+        let mut new = old.clone();
+        new.endpoints[0].ports.modify(|p| p[0].port = 8081);
+        let old_ep: SocketAddr = "10.244.1.11:8080".parse().unwrap();
+        assert_eq!(
+            plan(Some(&old), Some(&new)),
+            [
+                Flush::Endpoint {
+                    vip: "10.96.0.10".parse().unwrap(),
+                    port: 80,
+                    endpoint: old_ep
+                },
+                Flush::NodePortEndpoint {
+                    port: 30080,
+                    endpoint: old_ep
+                }
+            ]
+        );
     }
 
     #[test]
@@ -616,7 +652,7 @@ mod tests {
             [Flush::Stale {
                 vip: "10.96.0.10".parse().unwrap(),
                 port: 80,
-                endpoints: ["10.244.1.11".parse().unwrap()].into()
+                endpoints: ["10.244.1.11:8080".parse().unwrap()].into()
             }]
         );
         let empty = LocalState::new([udp(web(vec![], None))]);

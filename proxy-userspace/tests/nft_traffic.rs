@@ -1,0 +1,271 @@
+//! The nftables datapath with real traffic: a node namespace programmed by
+//! the datapath, routing between a client outside the cluster, a pod on
+//! the node and a pod on another node (root, `ip`, `nsenter` and `python3`
+//! needed). Each test builds its own namespaces and removes them, also
+//! after a failed assertion.
+//!
+//! ```text
+//!   client  eth0 10.0.1.2 ── c0 10.0.1.1    node    p0 10.244.1.1 ── eth0 10.244.1.11  pod
+//!                                                   r0 10.244.2.1 ── eth0 10.244.2.12  remote
+//! ```
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ebpf_kube_proxy::apply::Applier;
+use ebpf_kube_proxy::datapath::nft::NftDatapath;
+use ebpf_kube_proxy::model::{testing, LocalState, Protocol, ServiceEndpoints};
+use test_support::netns::{self, Netns};
+
+const NODE_IP: &str = "10.0.1.1";
+const POD: &str = "10.244.1.11";
+
+/// UDP server: argv PORT...; answers every datagram with the port it came
+/// in on.
+const UDP_PORTS: &str = r#"
+import select, socket, sys
+socks = []
+for p in sys.argv[1:]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("0.0.0.0", int(p)))
+    socks.append(s)
+print("ready", flush=True)
+while True:
+    for s in select.select(socks, [], [])[0]:
+        d, a = s.recvfrom(100)
+        s.sendto(str(s.getsockname()[1]).encode(), a)
+"#;
+
+/// UDP client: argv DST PORT SPORT; one datagram from SPORT, prints the
+/// answer or "timeout".
+const UDP_ASK: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[3])))
+s.settimeout(0.3)
+s.sendto(b"x", (sys.argv[1], int(sys.argv[2])))
+try:
+    print(s.recv(100).decode())
+except OSError as e:
+    print("timeout" if isinstance(e, socket.timeout) else "error " + str(e))
+"#;
+
+/// The namespaces of one test and the processes it started, all removed
+/// on drop.
+struct Bed {
+    netns: Netns,
+    prefix: String,
+    children: Vec<Child>,
+}
+
+impl Bed {
+    /// The bed of test `tag` (unique among this file's tests), or `None`
+    /// (after a SKIP line) where it cannot run.
+    fn new(tag: &str) -> Option<Bed> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIP {tag}: needs root");
+            return None;
+        }
+        for cmd in ["ip", "nsenter", "python3"] {
+            let found = Command::new("sh")
+                .args(["-c", &format!("command -v {cmd}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !found {
+                eprintln!("SKIP {tag}: `{cmd}` is not installed");
+                return None;
+            }
+        }
+        let mut bed = Bed {
+            netns: Netns::default(),
+            prefix: format!("ekp-nt{tag}-{}", std::process::id()),
+            children: Vec::new(),
+        };
+        for short in ["node", "client", "pod", "remote"] {
+            let name = bed.ns(short);
+            bed.netns.add(&name).unwrap();
+        }
+        let node = bed.ns("node");
+        bed.netns.sysctl(&node, "net.ipv4.ip_forward", "1").unwrap();
+        for (short, dev, node_addr, addr) in [
+            ("client", "c0", "10.0.1.1/24", "10.0.1.2/24"),
+            ("pod", "p0", "10.244.1.1/24", "10.244.1.11/24"),
+            ("remote", "r0", "10.244.2.1/24", "10.244.2.12/24"),
+        ] {
+            let ns = bed.ns(short);
+            bed.netns.veth(&node, dev, &ns, "eth0").unwrap();
+            bed.netns
+                .ip(&node, &["addr", "add", node_addr, "dev", dev])
+                .unwrap();
+            bed.netns
+                .ip(&ns, &["addr", "add", addr, "dev", "eth0"])
+                .unwrap();
+            let gw = node_addr.split('/').next().unwrap();
+            bed.netns
+                .ip(&ns, &["route", "add", "default", "via", gw])
+                .unwrap();
+        }
+        Some(bed)
+    }
+
+    fn ns(&self, short: &str) -> String {
+        format!("{}-{short}", self.prefix)
+    }
+
+    /// `python3 -c script args...` in namespace `short`.
+    fn python(&self, short: &str, script: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", self.ns(short)))
+            .args(["python3", "-c", script])
+            .args(args);
+        cmd
+    }
+
+    /// Runs a client script in `short` to its end; its output, trimmed.
+    fn ask(&self, short: &str, script: &str, args: &[&str]) -> String {
+        let out = self.python(short, script, args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Starts a server script in `short` and waits for its "ready" line;
+    /// it is killed on drop. Its further output is its stdout.
+    fn serve(
+        &mut self,
+        short: &str,
+        script: &str,
+        args: &[&str],
+    ) -> BufReader<std::process::ChildStdout> {
+        let mut child = self
+            .python(short, script, args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        self.children.push(child);
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "server {args:?} in {short}");
+        out
+    }
+
+    /// Runs `f` on a thread inside the node's namespace: the datapath it
+    /// opens programs that namespace (its conntrack cleanup too).
+    fn on_node<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let node = self.ns("node");
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                netns::enter(&node).unwrap();
+                f()
+            })
+            .join()
+            .unwrap()
+        })
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // `netns` drops after this: the namespaces go last.
+    }
+}
+
+/// `default/<name>`: ClusterIP `vip`, port 80 of `protocol`, node port
+/// `node_port`, served by `endpoints` (address, target port, on this
+/// node).
+fn service(
+    name: &str,
+    vip: &str,
+    protocol: Protocol,
+    node_port: u16,
+    endpoints: &[(&str, u16, bool)],
+) -> ServiceEndpoints {
+    let mut se = testing::service("default", name, &[vip]).with_node_port(node_port);
+    se.service.ports[0].protocol = protocol;
+    for (ip, port, local) in endpoints {
+        se = se.with_ready_endpoint(ip, *port, *local);
+    }
+    se
+}
+
+/// Asks `dst:port` from the client's `sport` until it answers `want`,
+/// for at most `within`; every answer seen.
+fn udp_until(
+    bed: &Bed,
+    dst: &str,
+    port: u16,
+    sport: u16,
+    want: &str,
+    within: Duration,
+) -> Vec<String> {
+    let deadline = Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        let answer = bed.ask(
+            "client",
+            UDP_ASK,
+            &[dst, &port.to_string(), &sport.to_string()],
+        );
+        let done = answer == want;
+        seen.push(answer);
+        if done || Instant::now() >= deadline {
+            return seen;
+        }
+    }
+}
+
+/// "Conntrack should be able to cleanup conntrack entries when UDP service
+/// target port changes for a NodePort service": the pod serves both
+/// ports; once the service's targetPort moves, a client that keeps its
+/// source port reaches the new port within a second, through the
+/// ClusterIP and through the node port (before, the old conntrack entry
+/// kept the flow on the old port: the cleanup compared addresses only).
+#[test]
+fn a_udp_flow_follows_a_target_port_change() {
+    let Some(mut bed) = Bed::new("tp") else {
+        return;
+    };
+    bed.serve("pod", UDP_PORTS, &["8080", "8081"]);
+    let before = LocalState::new([service(
+        "dns",
+        "10.96.0.10",
+        Protocol::Udp,
+        30053,
+        &[(POD, 8080, true)],
+    )]);
+    let after = LocalState::new([service(
+        "dns",
+        "10.96.0.10",
+        Protocol::Udp,
+        30053,
+        &[(POD, 8081, true)],
+    )]);
+    bed.on_node(|| {
+        let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).unwrap()));
+        dp.apply(&Arc::new(before)).unwrap();
+        let frontends = [("10.96.0.10", 80, 40000), (NODE_IP, 30053, 40001)];
+        for (dst, port, sport) in frontends {
+            let seen = udp_until(&bed, dst, port, sport, "8080", Duration::from_secs(3));
+            assert_eq!(seen.last().unwrap(), "8080", "{dst}:{port}: {seen:?}");
+        }
+        dp.apply(&Arc::new(after)).unwrap();
+        for (dst, port, sport) in frontends {
+            let seen = udp_until(&bed, dst, port, sport, "8081", Duration::from_secs(1));
+            assert_eq!(
+                seen.last().unwrap(),
+                "8081",
+                "{dst}:{port} from the same source port after the targetPort change: {seen:?}"
+            );
+        }
+    });
+}
