@@ -127,8 +127,15 @@ pub fn run(
             status.state_computed(rev, None);
             continue;
         }
-        let next = model.state();
+        let next = Arc::new(model.state());
         rev += 1;
+        // Published first: once the metric or the log names `rev`, every
+        // consumer (a new localnet call) can see it.
+        out.send_replace(Arc::new(Snapshot {
+            rev,
+            state: next.clone(),
+            changed: Some(recomputed.changed.into()),
+        }));
         status.state_computed(rev, Some(&next));
         tracing::info!(
             rev,
@@ -136,10 +143,5 @@ pub fn run(
             endpoints = next.endpoint_count(),
             "new local state"
         );
-        out.send_replace(Arc::new(Snapshot {
-            rev,
-            state: Arc::new(next),
-            changed: Some(recomputed.changed.into()),
-        }));
     }
 }

@@ -112,6 +112,10 @@ impl Demand {
 pub struct LocalnetService {
     instance_id: u64,
     frames: watch::Receiver<Arc<Frame>>,
+    /// The published snapshots: a call starts from the newest one, not
+    /// from whatever frame was last encoded (it may be older, as frames
+    /// are made only while calls want them).
+    published: SnapshotReceiver,
     demand: Arc<Demand>,
     shutdown: CancellationToken,
     metrics: Option<LocalnetMetrics>,
@@ -133,6 +137,7 @@ impl LocalnetService {
         let (frame_tx, frames) = watch::channel(Arc::new(Frame::default()));
         let discovery = Discovery::new(SERVICE_NAME).await;
         let health = discovery.clone();
+        let published = snapshots.clone();
         let follower = Follower::new(snapshots, shutdown.clone());
         let demand = Arc::new(Demand::default());
         let converter = tokio::spawn(convert(
@@ -145,6 +150,7 @@ impl LocalnetService {
         Self {
             instance_id,
             frames,
+            published,
             demand,
             shutdown,
             metrics: None,
@@ -178,13 +184,22 @@ impl LocalnetService {
         self.instance_id
     }
 
-    /// Waits for a synced frame other than the one the client holds.
+    /// Waits for a synced frame other than the one the client holds, at
+    /// least as new as the state published when the call came in.
+    ///
+    /// The current frame alone does not say what is current: with no call
+    /// open, the converter does not encode new revisions and the last
+    /// frame stays (for [`IDLE_FRAMES_KEPT`]), so a call that took it
+    /// would be answered a revision that is no longer the state; this
+    /// call's interest has the newest one encoded, and the call waits for
+    /// it.
     async fn wait_for_frame(&self, instance_id: u64, rev: u64) -> Result<Arc<Frame>, Status> {
         let _interest = Interest::new(&self.demand);
         let mut frames = self.frames.clone();
+        let published = self.published.borrow().rev;
         let holds_current = |f: &Frame| instance_id == self.instance_id && rev == f.rev;
         tokio::select! {
-            r = frames.wait_for(|f| f.rev >= 1 && !holds_current(f)) => match r {
+            r = frames.wait_for(|f| f.rev >= published.max(1) && !holds_current(f)) => match r {
                 Ok(f) => Ok(f.clone()),
                 Err(_) => Err(Status::unavailable("server shutting down")),
             },
