@@ -3,7 +3,6 @@
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::flags::DEFAULT_LOCALNET_BIND_ADDRESS;
 use crate::config::DaemonFlags;
 use crate::localnet::client::Target;
 use crate::localnet::render::OutputFormat;
@@ -29,10 +28,15 @@ const DUMP_HELP: &str = "\
 Reads the kernel, not the daemon: works while the daemon is stopped.
 Output: text (default) or -o json|yaml.
 
+With --proxy-mode none (nothing programmed) it prints the LocalState of
+the daemon its flags describe: on its --localnet-socket, else on its
+--localnet-bind-address (--target names another address).
+
 Examples:
   ebpf-kube-proxy dump
   ebpf-kube-proxy dump -o json | jq '.services | length'
   ebpf-kube-proxy dump --bpffs-root=/sys/fs/bpf/ebpf-kube-proxy | head
+  ebpf-kube-proxy dump --config=/var/lib/ebpf-kube-proxy/config.conf
 
 Exit status: 0, also when nothing is programmed (said on stderr) or when
 the reader closes the pipe early; 1 when the kernel state cannot be read.";
@@ -49,10 +53,14 @@ Examples:
 Exit status: 0 when everything found was removed; 1 otherwise.";
 
 const WATCH_HELP: &str = "\
+Dials the daemon its flags (or --config) describe: its --localnet-socket,
+else its --localnet-bind-address; --target names another address.
+
 Examples:
   ebpf-kube-proxy localnet watch --once
+  ebpf-kube-proxy localnet watch --localnet-bind-address 127.0.0.1:12345 --localnet-socket=
   ebpf-kube-proxy localnet watch --target unix:/run/ebpf-kube-proxy/localnet.sock -o json
-  ebpf-kube-proxy localnet watch --deltas
+  ebpf-kube-proxy localnet watch --full-frames
 
 Exit status: 0 after --once or when the server ends the stream; 1 when the
 server cannot be reached.";
@@ -88,7 +96,8 @@ pub enum Command {
     },
     /// Show what is programmed, read from the kernel: the eBPF maps pinned
     /// under --bpffs-root, else the nftables tables, else the LocalState a
-    /// daemon publishes on --target.
+    /// daemon publishes (on its --localnet-socket, else its
+    /// --localnet-bind-address, or on --target).
     #[command(after_long_help = DUMP_HELP)]
     Dump(DumpArgs),
     /// Remove what any datapath left on the node, whatever --proxy-mode
@@ -150,9 +159,10 @@ pub enum LocalnetCommand {
 
 #[derive(Clone, Debug, Args)]
 pub struct ClientArgs {
-    /// localnet API address: HOST:PORT or unix:PATH.
-    #[arg(long, value_name = "HOST:PORT|unix:PATH", default_value = DEFAULT_LOCALNET_BIND_ADDRESS)]
-    pub target: Target,
+    /// localnet API address: HOST:PORT or unix:PATH [default: the
+    /// daemon's --localnet-socket, then its --localnet-bind-address].
+    #[arg(long, value_name = "HOST:PORT|unix:PATH")]
+    pub target: Option<Target>,
 
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
@@ -174,11 +184,52 @@ pub struct WatchArgs {
     #[arg(long)]
     pub once: bool,
 
-    /// Follow a delta Watch stream: after the first state only the
-    /// services that changed cross the wire; each state is rebuilt here
-    /// and printed whole, as without this flag.
+    /// Long-poll `Next` for each whole state instead of following a delta
+    /// `Watch` stream (the default: after the first state only the
+    /// services that changed cross the wire, and each state is rebuilt
+    /// here). The output is the same.
     #[arg(long)]
+    pub full_frames: bool,
+
+    /// Deltas, the default; kept so that older command lines still parse.
+    #[arg(long, hide = true, conflicts_with = "full_frames")]
     pub deltas: bool,
+}
+
+impl ClientArgs {
+    /// Where to dial, in order: `--target` when given, else where the
+    /// daemon these flags describe listens: its `--localnet-socket`, then
+    /// its `--localnet-bind-address` (an unspecified address such as
+    /// `0.0.0.0:P` dialled on loopback). Empty when both are disabled.
+    pub fn targets(&self, flags: &DaemonFlags) -> Vec<Target> {
+        if let Some(target) = &self.target {
+            return vec![target.clone()];
+        }
+        let mut targets = Vec::new();
+        let socket = flags.localnet_socket.trim();
+        if !socket.is_empty() {
+            targets.push(Target::Unix(socket.into()));
+        }
+        let bind = flags.localnet_bind_address.trim();
+        if !bind.is_empty() {
+            targets.push(Target::Tcp(dial_address(bind)));
+        }
+        targets
+    }
+}
+
+/// The address a client dials for a daemon bound to `bind`.
+fn dial_address(bind: &str) -> String {
+    match bind.parse::<std::net::SocketAddr>() {
+        Ok(mut addr) if addr.ip().is_unspecified() => {
+            addr.set_ip(match addr {
+                std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+            addr.to_string()
+        }
+        _ => bind.to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -294,6 +345,61 @@ mod tests {
         ]);
         assert!(
             matches!(dump.command, Some(Command::Dump(ref a)) if a.client.output == OutputFormat::Json)
+        );
+    }
+
+    #[test]
+    fn clients_dial_the_daemons_socket_then_its_tcp_address_unless_given_a_target() {
+        let targets = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            let Some(Command::Dump(dump)) = cli.command else {
+                panic!("{args:?}: not dump");
+            };
+            dump.client
+                .targets(&cli.daemon)
+                .iter()
+                .map(Target::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            targets(&["ebpf-kube-proxy", "dump"]),
+            ["unix:/run/ebpf-kube-proxy/localnet.sock", "127.0.0.1:12345"]
+        );
+        assert_eq!(
+            targets(&[
+                "ebpf-kube-proxy",
+                "--localnet-socket=/s",
+                "dump",
+                "--localnet-bind-address=0.0.0.0:7"
+            ]),
+            ["unix:/s", "127.0.0.1:7"]
+        );
+        assert_eq!(
+            targets(&[
+                "ebpf-kube-proxy",
+                "dump",
+                "--localnet-socket=",
+                "--localnet-bind-address=[::]:7"
+            ]),
+            ["[::1]:7"]
+        );
+        assert_eq!(
+            targets(&[
+                "ebpf-kube-proxy",
+                "dump",
+                "--localnet-bind-address=",
+                "--localnet-socket="
+            ]),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            targets(&[
+                "ebpf-kube-proxy",
+                "dump",
+                "--localnet-socket=/s",
+                "--target=10.0.0.1:9"
+            ]),
+            ["10.0.0.1:9"]
         );
     }
 

@@ -11,7 +11,7 @@ use crate::config::DaemonFlags;
 use crate::datapath::ebpf::{self, EbpfDatapath};
 use crate::datapath::nft::{self, NftDatapath};
 use crate::datapath::{Datapath, DatapathConfig, Dump};
-use crate::localnet::client::{self, State};
+use crate::localnet::client::{self, State, Target};
 use crate::localnet::render::{render, OutputFormat};
 
 /// The version: crate version, git commit and compiler; `--version` and
@@ -38,19 +38,45 @@ fn print(state: &State, args: &ClientArgs) -> anyhow::Result<()> {
         .context("writing to stdout")
 }
 
-/// Prints every new state until interrupted (or once). Reconnects after
-/// errors and resumes with the instance id and revision it holds, so a
-/// restarted daemon (new instance id) sends its full state.
-pub async fn localnet_watch(args: WatchArgs) -> anyhow::Result<()> {
-    if args.deltas {
-        return localnet_watch_deltas(args).await;
+/// Where `args` dials: `--target`, else the daemon's socket, then its TCP
+/// address; an error when the flags disable both.
+fn targets(args: &ClientArgs, flags: &DaemonFlags) -> anyhow::Result<Vec<Target>> {
+    let targets = args.targets(flags);
+    if targets.is_empty() {
+        anyhow::bail!(
+            "no localnet address: --localnet-socket and --localnet-bind-address are both empty; give --target"
+        );
     }
-    let target = &args.client.target;
+    Ok(targets)
+}
+
+/// The targets as the messages name them: `A or B`.
+fn named(targets: &[Target]) -> String {
+    let names: Vec<String> = targets.iter().map(Target::to_string).collect();
+    names.join(" or ")
+}
+
+/// Prints every new state until interrupted (or once), dialling the
+/// daemon the flags describe (see [`ClientArgs::targets`]). Follows a
+/// delta `Watch` stream unless `--full-frames`; the output is the same.
+pub async fn localnet_watch(args: WatchArgs, flags: &DaemonFlags) -> anyhow::Result<()> {
+    let targets = targets(&args.client, flags)?;
+    if args.full_frames {
+        localnet_watch_full(&args, &targets).await
+    } else {
+        localnet_watch_deltas(&args, &targets).await
+    }
+}
+
+/// `--full-frames`: long-polls `Next`. Reconnects after errors and resumes
+/// with the instance id and revision it holds, so a restarted daemon (new
+/// instance id) sends its full state.
+async fn localnet_watch_full(args: &WatchArgs, targets: &[Target]) -> anyhow::Result<()> {
     let (mut instance_id, mut rev) = (0, 0);
     let mut backoff = Duration::from_millis(200);
     loop {
         let attempt = async {
-            let mut c = client::connect(target).await?;
+            let (mut c, _) = client::connect_first(targets).await?;
             loop {
                 let state = client::next(&mut c, instance_id, rev).await?;
                 print(&state, &args.client)
@@ -65,21 +91,20 @@ pub async fn localnet_watch(args: WatchArgs) -> anyhow::Result<()> {
         .await;
         match attempt {
             Ok(()) => return Ok(()),
-            Err(e) => backoff = retry_or_fail(&args, e, backoff).await?,
+            Err(e) => backoff = retry_or_fail(args, targets, e, backoff).await?,
         }
     }
 }
 
-/// `--deltas`: the same output from a delta `Watch` stream, the state
+/// The default: the same output from a delta `Watch` stream, the state
 /// rebuilt here. A reconnect resumes at the revision held, so a daemon
 /// still at it answers with deltas and another one with its full state.
-async fn localnet_watch_deltas(args: WatchArgs) -> anyhow::Result<()> {
-    let target = &args.client.target;
+async fn localnet_watch_deltas(args: &WatchArgs, targets: &[Target]) -> anyhow::Result<()> {
     let mut held = client::Watched::default();
     let mut backoff = Duration::from_millis(200);
     loop {
         let attempt = async {
-            let mut c = client::connect(target).await?;
+            let (mut c, _) = client::connect_first(targets).await?;
             let mut stream = client::watch(&mut c, held.instance_id, held.rev, true).await?;
             while held.read_frame(&mut stream).await?.is_some() {
                 print(&held.state(), &args.client)
@@ -98,7 +123,7 @@ async fn localnet_watch_deltas(args: WatchArgs) -> anyhow::Result<()> {
                     // What is held no longer fits the stream: start over.
                     held = client::Watched::default();
                 }
-                backoff = retry_or_fail(&args, e, backoff).await?
+                backoff = retry_or_fail(args, targets, e, backoff).await?
             }
         }
     }
@@ -108,10 +133,11 @@ async fn localnet_watch_deltas(args: WatchArgs) -> anyhow::Result<()> {
 /// pause of `backoff` and the next (doubled, at most 5 s) pause.
 async fn retry_or_fail(
     args: &WatchArgs,
+    targets: &[Target],
     e: client::ClientError,
     backoff: Duration,
 ) -> anyhow::Result<Duration> {
-    let target = &args.client.target;
+    let target = named(targets);
     if args.once {
         return Err(e).with_context(|| format!("localnet watch {target}"));
     }
@@ -163,19 +189,20 @@ pub async fn dump(args: DumpArgs, flags: &DaemonFlags) -> anyhow::Result<()> {
         "nothing programmed: no eBPF maps pinned under {} and no nftables table ebpf-kube-proxy",
         flags.bpffs_root.display()
     );
+    let targets = targets(&args, flags)?;
     // SPEC §10.7: nothing programmed is an answer, not an error.
-    let mut c = match client::connect(&args.target).await {
-        Ok(c) => c,
+    let (mut c, target) = match client::connect_first(&targets).await {
+        Ok(found) => found,
         Err(e) => {
             eprintln!(
-                "# {nothing}; no daemon answers on --target {} ({e})",
-                args.target
+                "# {nothing}; no daemon answers on {} ({e})",
+                named(&targets)
             );
             return Ok(());
         }
     };
     let state = client::next(&mut c, 0, 0).await.context("dump")?;
-    eprintln!("# {nothing} (--proxy-mode none?); the LocalState published on --target follows");
+    eprintln!("# {nothing} (--proxy-mode none?); the LocalState published on {target} follows");
     print(&state, &args)
 }
 

@@ -83,11 +83,13 @@ fn main() -> std::process::ExitCode {
             }
             Some(Command::Localnet {
                 command: LocalnetCommand::Watch(args),
-            }) => commands::localnet_watch(args).await,
+            }) => commands::localnet_watch(args, &cli.daemon).await,
             Some(Command::Dump(args)) => commands::dump(args, &cli.daemon).await,
             Some(Command::Cleanup) => commands::cleanup(&cli.daemon).await,
             Some(Command::Podinfo { command }) => {
-                podinfo::client::run(command).await.context("podinfo")
+                podinfo::client::run(command, &cli.daemon.podinfo_socket)
+                    .await
+                    .context("podinfo")
             }
             Some(Command::Version) => {
                 println!("{}", commands::version_line());

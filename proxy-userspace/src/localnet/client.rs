@@ -63,6 +63,9 @@ pub enum ClientError {
     Status(#[from] tonic::Status),
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// Every address tried refused: each with its whole cause chain.
+    #[error("{0}")]
+    Unreachable(String),
 }
 
 /// Opens a channel to the target (lazily for unix sockets' reconnects).
@@ -81,6 +84,42 @@ pub async fn connect(target: &Target) -> Result<EndpointsClient<Channel>, Client
         Target::Unix(path) => grpc_unix::channel(path).await.map_err(err)?,
     };
     Ok(EndpointsClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+/// Connects to the first of `targets` that answers, in order; returns it
+/// with the client. One target fails as [`connect`] does; several with an
+/// error that names each one tried and why it failed.
+pub async fn connect_first(
+    targets: &[Target],
+) -> Result<(EndpointsClient<Channel>, &Target), ClientError> {
+    let mut failures = Vec::new();
+    for target in targets {
+        match connect(target).await {
+            Ok(c) => return Ok((c, target)),
+            Err(e) if targets.len() == 1 => return Err(e),
+            Err(e) => failures.push(cause_chain(&e)),
+        }
+    }
+    Err(ClientError::Unreachable(if failures.is_empty() {
+        "no address to dial".to_owned()
+    } else {
+        failures.join("; ")
+    }))
+}
+
+/// `e` and its causes on one line, each said once (tonic's transport error
+/// alone says only "transport error").
+fn cause_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out = format!("{out}: {text}");
+        }
+        cause = c.source();
+    }
+    out
 }
 
 /// One full state as received from `Next`.

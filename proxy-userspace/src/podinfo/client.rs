@@ -10,7 +10,6 @@ use proto::podinfo::v1alpha1 as pb;
 use proto::podinfo::v1alpha1::pod_info_service_client::PodInfoServiceClient;
 use tonic::transport::Channel;
 
-use crate::config::flags::DEFAULT_PODINFO_SOCKET;
 use crate::gofmt::rfc3339_seconds;
 use crate::grpc_unix::{self, MAX_MESSAGE_BYTES};
 use crate::model::ObjectKey;
@@ -59,15 +58,15 @@ fn watch_help() -> String {
 #[derive(Clone, Debug, Args)]
 pub struct PodInfoArgs {
     /// PodInfo API socket: unix:PATH or PATH (the same flag as the
-    /// localnet commands' `--target`; `--socket` is its older name).
+    /// localnet commands' `--target`; `--socket` is its older name)
+    /// [default: the daemon's --podinfo-socket].
     #[arg(
         long = "target",
         visible_alias = "socket",
         value_name = "unix:PATH",
-        default_value = DEFAULT_PODINFO_SOCKET,
         value_parser = unix_socket_path
     )]
-    pub socket: PathBuf,
+    pub socket: Option<PathBuf>,
 
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
@@ -105,6 +104,8 @@ pub enum ClientError {
     /// says only "transport error").
     #[error("connecting to {}: {reason}", path.display())]
     Connect { path: PathBuf, reason: String },
+    #[error("no PodInfo socket: --podinfo-socket is empty; give --target unix:PATH")]
+    NoSocket,
     /// Not a `source`: code and message are the whole story, and the
     /// status's own Display would repeat them.
     #[error("{:?}: {}", .0.code(), .0.message())]
@@ -205,17 +206,27 @@ fn print(text: &str) -> Result<(), ClientError> {
     Ok(())
 }
 
-/// Runs one `podinfo` subcommand.
-pub async fn run(command: PodInfoCommand) -> Result<(), ClientError> {
+/// Runs one `podinfo` subcommand against `--target`, else the socket the
+/// daemon is told to listen on (`daemon_socket`, its `--podinfo-socket`).
+pub async fn run(command: PodInfoCommand, daemon_socket: &str) -> Result<(), ClientError> {
+    let given = match &command {
+        PodInfoCommand::List(a) | PodInfoCommand::Watch(a) => &a.socket,
+        PodInfoCommand::Get(g) => &g.client.socket,
+    };
+    let socket = match (given, daemon_socket.trim()) {
+        (Some(path), _) => path.clone(),
+        (None, "") => return Err(ClientError::NoSocket),
+        (None, path) => PathBuf::from(path),
+    };
     match command {
-        PodInfoCommand::List(args) => list(&args).await,
-        PodInfoCommand::Get(args) => get(&args).await,
-        PodInfoCommand::Watch(args) => watch(&args).await,
+        PodInfoCommand::List(args) => list(&args, &socket).await,
+        PodInfoCommand::Get(args) => get(&args, &socket).await,
+        PodInfoCommand::Watch(args) => watch(&args, &socket).await,
     }
 }
 
-async fn list(args: &PodInfoArgs) -> Result<(), ClientError> {
-    let mut c = connect(&args.socket).await?;
+async fn list(args: &PodInfoArgs, socket: &Path) -> Result<(), ClientError> {
+    let mut c = connect(socket).await?;
     let r = c
         .list_pod_conditions(pb::ListPodConditionsRequest {})
         .await?
@@ -226,8 +237,8 @@ async fn list(args: &PodInfoArgs) -> Result<(), ClientError> {
     })
 }
 
-async fn get(args: &PodInfoGetArgs) -> Result<(), ClientError> {
-    let mut c = connect(&args.client.socket).await?;
+async fn get(args: &PodInfoGetArgs, socket: &Path) -> Result<(), ClientError> {
+    let mut c = connect(socket).await?;
     let (pod_namespace, pod_name) = match &args.pod {
         Some(ObjectKey { namespace, name }) => (namespace.to_string(), name.to_string()),
         None => Default::default(),
@@ -249,11 +260,11 @@ async fn get(args: &PodInfoGetArgs) -> Result<(), ClientError> {
 
 /// Prints every list until interrupted; reconnects after errors (a
 /// restarted daemon, a dropped slow stream) with backoff.
-async fn watch(args: &PodInfoArgs) -> Result<(), ClientError> {
+async fn watch(args: &PodInfoArgs, socket: &Path) -> Result<(), ClientError> {
     let mut backoff = Duration::from_millis(200);
     loop {
         let attempt = async {
-            let mut c = connect(&args.socket).await?;
+            let mut c = connect(socket).await?;
             let mut stream = c
                 .watch_pod_conditions(pb::WatchPodConditionsRequest {})
                 .await?
