@@ -21,6 +21,7 @@ use test_support::netns::{self, Netns};
 
 const NODE_IP: &str = "10.0.1.1";
 const POD: &str = "10.244.1.11";
+const REMOTE_POD: &str = "10.244.2.12";
 
 /// UDP server: argv PORT...; answers every datagram with the port it came
 /// in on.
@@ -49,6 +50,33 @@ s.settimeout(0.3)
 s.sendto(b"x", (sys.argv[1], int(sys.argv[2])))
 try:
     print(s.recv(100).decode())
+except OSError as e:
+    print("timeout" if isinstance(e, socket.timeout) else "error " + str(e))
+"#;
+
+/// TCP server: argv NAME PORT; sends NAME to every connection.
+const TCP_NAME: &str = r#"
+import socket, sys
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("0.0.0.0", int(sys.argv[2])))
+l.listen(16)
+print("ready", flush=True)
+while True:
+    c, _ = l.accept()
+    c.sendall(sys.argv[1].encode())
+    c.close()
+"#;
+
+/// TCP client: argv DST PORT; prints what the server sent, "refused" or
+/// "timeout" (1 s).
+const TCP_ASK: &str = r#"
+import socket, sys
+try:
+    c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1)
+    print(c.recv(100).decode())
+except ConnectionRefusedError:
+    print("refused")
 except OSError as e:
     print("timeout" if isinstance(e, socket.timeout) else "error " + str(e))
 "#;
@@ -267,5 +295,46 @@ fn a_udp_flow_follows_a_target_port_change() {
                 "{dst}:{port} from the same source port after the targetPort change: {seen:?}"
             );
         }
+    });
+}
+
+/// "should implement NodePort and HealthCheckNodePort correctly when
+/// ExternalTrafficPolicy changes", the short-circuit part: a node port of
+/// an eTP=Local service whose only endpoint is on another node answers
+/// the node's own clients and its pods (they use the cluster endpoints,
+/// as with kube-proxy), and drops what comes from outside. Before, the
+/// drop was consulted from the output hook too, and pods met it for want
+/// of a short-circuit: both timed out.
+#[test]
+fn the_node_and_its_pods_reach_an_etp_local_node_port_without_local_endpoints() {
+    let Some(mut bed) = Bed::new("etp") else {
+        return;
+    };
+    bed.serve("remote", TCP_NAME, &["remote", "8080"]);
+    let state = LocalState::new([service(
+        "local",
+        "10.96.0.30",
+        Protocol::Tcp,
+        30081,
+        &[(REMOTE_POD, 8080, false)],
+    )
+    .with_external_policy_local()]);
+    bed.on_node(|| {
+        let cidrs = vec!["10.244.0.0/16".parse().unwrap()];
+        let mut dp = Applier::new(Box::new(NftDatapath::open(cidrs).unwrap()));
+        dp.apply(&Arc::new(state)).unwrap();
+        assert_eq!(dp.verify().unwrap(), vec![], "drift after the sync");
+        for from in ["node", "pod"] {
+            assert_eq!(
+                bed.ask(from, TCP_ASK, &[NODE_IP, "30081"]),
+                "remote",
+                "from the {from}"
+            );
+        }
+        assert_eq!(
+            bed.ask("client", TCP_ASK, &[NODE_IP, "30081"]),
+            "timeout",
+            "from outside the node: dropped, not answered or refused"
+        );
     });
 }

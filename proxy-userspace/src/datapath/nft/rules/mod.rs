@@ -9,14 +9,18 @@
 //!   dispatches `daddr . l4proto . dport` through the `service-ips` verdict
 //!   map, and `l4proto . dport` to local addresses through
 //!   `service-nodeports`;
-//! * `filter-*` chains look new connections up in `no-endpoint-services` /
-//!   `no-endpoint-nodeports` and reject them (TCP reset, else ICMP port
-//!   unreachable) before any NAT happens;
+//! * `filter-*` chains look new connections up in `no-endpoint-services`
+//!   (`endpoints-check`) and, on the input hook only,
+//!   `no-endpoint-nodeports` (`nodeport-endpoints-check`), and reject them
+//!   (TCP reset, else ICMP port unreachable) or drop them (eTP=Local
+//!   without local endpoints) before any NAT happens;
 //! * per service port a cluster chain `svc-…` (traffic to cluster IPs,
 //!   the `internal` scope) and an external chain `ext-…` (node ports,
 //!   external and load-balancer IPs, the `external` scope) hold the
 //!   masquerade marks, the load-balancer firewall and the eTP=Local
-//!   short-circuit, and end in `goto pick-internal` / `goto pick-external`;
+//!   short-circuit, and end in `goto pick-internal` / `goto pick-external`
+//!   (an eTP=Local external chain without local endpoints has only the
+//!   short-circuit: outside traffic leaves it un-NATed and is dropped);
 //! * the endpoints are map elements, per scope and per frontend (a
 //!   service address `daddr . l4proto . dport`, or a node port `l4proto .
 //!   dport`): `internal-counts` holds a frontend's number of endpoints,
@@ -142,6 +146,8 @@ pub const PICK_EXTERNAL: &str = "pick-external";
 /// (`dump` shows it).
 pub const INFO_CHAIN: &str = "datapath-info";
 const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
+/// Where `filter-input` looks node ports up in `no-endpoint-nodeports`.
+const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
 const REJECT_CHAIN: &str = "reject-chain";
 
 // nft's datatype numbers, for set key types (concatenations shift each
@@ -311,9 +317,10 @@ pub const BASE_CHAINS: [BaseChain; 6] = [
 ];
 
 /// The regular chains every table has.
-pub const HELPER_CHAINS: [&str; 7] = [
+pub const HELPER_CHAINS: [&str; 8] = [
     "services",
     "endpoints-check",
+    NODEPORT_ENDPOINTS_CHECK,
     "masquerading",
     MARK_FOR_MASQUERADE,
     REJECT_CHAIN,
@@ -363,6 +370,17 @@ pub fn base_rules(f: Family, nodeport_addresses: &[Cidr]) -> Vec<(&'static str, 
         ("nat-output", r(vec![], vec![jump("services")])),
         ("nat-postrouting", r(vec![], vec![jump("masquerading")])),
     ];
+    // Node ports without endpoints are checked on the input hook only
+    // (as kube-proxy): a node port the node's own client dials is
+    // short-circuited by `nat-output`, after the output hook's check
+    // would have dropped it (eTP=Local without local endpoints).
+    rules.push((
+        "filter-input",
+        r(
+            vec![Match::CtStateNew],
+            vec![jump(NODEPORT_ENDPOINTS_CHECK)],
+        ),
+    ));
     for chain in ["filter-input", "filter-forward", "filter-output"] {
         rules.push((
             chain,
@@ -406,7 +424,7 @@ pub fn base_rules(f: Family, nodeport_addresses: &[Cidr]) -> Vec<(&'static str, 
     ));
     for m in node_dests {
         rules.push((
-            "endpoints-check",
+            NODEPORT_ENDPOINTS_CHECK,
             r(
                 m,
                 vec![Stmt::NodePortVmap(NO_ENDPOINT_NODEPORTS.to_owned())],

@@ -221,9 +221,9 @@ pub fn service_objects(
         if external.is_empty() {
             // SPEC §8.6: with eTP=Local and endpoints elsewhere, drop (the
             // load balancer's health check steers traffic away); else reject.
-            let verdict = if svc.external_traffic_policy == TrafficPolicy::Local
-                && targets.iter().any(|t| t.scopes.cluster)
-            {
+            let local_policy = svc.external_traffic_policy == TrafficPolicy::Local
+                && targets.iter().any(|t| t.scopes.cluster);
+            let verdict = if local_policy {
                 Verdict::Drop
             } else {
                 Verdict::Goto(REJECT_CHAIN.to_owned())
@@ -236,11 +236,17 @@ pub fn service_objects(
             }
             if pm.node_port != 0 {
                 out.elements.insert(
-                    (NO_ENDPOINT_NODEPORTS, node_port_key),
+                    (NO_ENDPOINT_NODEPORTS, node_port_key.clone()),
                     ElementValue::Verdict(verdict),
                 );
             }
-            continue;
+            // Pods and the node itself still short-circuit to the cluster
+            // endpoints (the external chain below, without a pick: what
+            // arrives from outside leaves it un-NATed and meets the drop,
+            // which for node ports is consulted from the input hook only).
+            if !(local_policy && out.chains.contains_key(&svc_chain)) {
+                continue;
+            }
         }
         let ext_chain = format!("ext-{id}");
         let mut rules = Vec::new();
@@ -295,6 +301,7 @@ pub fn service_objects(
             ));
         }
         match affinity {
+            _ if external.is_empty() => {}
             Some(timeout) => rules.extend(affinity_pick(timeout, &external, &mut out)),
             None => {
                 for ip in &external_ips {
@@ -611,6 +618,29 @@ pub(in crate::datapath::nft) mod tests {
             )],
             ElementValue::Verdict(Verdict::Drop)
         );
+        // The node and pods short-circuit to the remote endpoint; what
+        // comes from outside falls through the chain un-NATed.
+        assert_eq!(
+            chain_text(&objs, "ext-default/web/tcp/http"),
+            [
+                "fib saddr type local jump mark-for-masquerade",
+                "fib saddr type local goto svc-default/web/tcp/http",
+            ]
+        );
+        let node_port = vec![KeyPart::Proto(6), KeyPart::Port(30080)];
+        assert_eq!(
+            objs.elements[&(SERVICE_NODEPORTS, node_port.clone())],
+            goto("ext-default/web/tcp/http")
+        );
+        assert_eq!(
+            endpoints_of(&objs, INTERNAL_NP, &node_port),
+            ["10.244.2.12 . 8080"]
+        );
+        assert!(!objs
+            .elements
+            .keys()
+            .any(|(map, _)| *map == EXTERNAL_NODEPORT_COUNTS));
+        assert_eq!(objs.counts, BTreeSet::from([1]));
     }
 
     #[test]
