@@ -8,8 +8,11 @@
 //! * [`netexec`]: the echo server the test pods run and its client;
 //! * [`netns`]: network namespaces a test creates, removed on drop;
 //! * [`cgroup2_root`]: where the cgroup v2 hierarchy is mounted, so tests
-//!   attach to a cgroup of their own below it, never to the root.
+//!   attach to a cgroup of their own below it, never to the root;
+//! * [`docs`]: the links, headings and `sh` commands of the Markdown pages,
+//!   for the docs tests.
 
+pub mod docs;
 pub mod fake_apiserver;
 pub mod manifests;
 pub mod netexec;

@@ -209,6 +209,11 @@ pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
 
 /// `cargo xtask build-ebpf [--release]`.
 pub fn build_ebpf(root: &Path, args: &[String]) -> Result<()> {
+    build(root, parse_args(args)?).map(|_| ())
+}
+
+/// Whether `cargo xtask build-ebpf [--release]` asks for a release build.
+pub fn parse_args(args: &[String]) -> Result<bool> {
     let mut release = false;
     for a in args {
         match a.as_str() {
@@ -218,5 +223,5 @@ pub fn build_ebpf(root: &Path, args: &[String]) -> Result<()> {
             ),
         }
     }
-    build(root, release).map(|_| ())
+    Ok(release)
 }

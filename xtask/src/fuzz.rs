@@ -38,6 +38,11 @@ pub struct Options {
 
 /// `cargo xtask fuzz [--seconds N] [--target NAME]`.
 pub fn fuzz_command(root: &Path, args: &[String]) -> Result<()> {
+    run_fuzz(root, &parse_args(args)?)
+}
+
+/// The options of `cargo xtask fuzz [--seconds N] [--target NAME]`.
+pub fn parse_args(args: &[String]) -> Result<Options> {
     let mut opts = Options {
         seconds: DEFAULT_SECONDS,
         target: None,
@@ -61,7 +66,7 @@ pub fn fuzz_command(root: &Path, args: &[String]) -> Result<()> {
             ),
         }
     }
-    run_fuzz(root, &opts)
+    Ok(opts)
 }
 
 /// What one target's run printed last.

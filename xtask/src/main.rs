@@ -16,6 +16,8 @@
 //!   targets of `fuzz/`, N seconds each (installs cargo-fuzz when missing).
 
 mod bench;
+#[cfg(test)]
+mod docs_tests;
 mod e2e;
 mod ebpf;
 mod fuzz;
@@ -50,6 +52,23 @@ fn main() -> Result<()> {
             eprintln!("       cargo xtask soak --minutes N [--proxy-mode ebpf|nftables] [--churn-per-second R] [--seed S]");
             std::process::exit(2);
         }
+    }
+}
+
+/// Reads `args` as `main` dispatches them and runs nothing: the docs test
+/// feeds it every `cargo xtask` command of README.md and docs/. Keep its
+/// arms in step with `main`'s.
+#[cfg(test)]
+fn parse_command(args: &[String]) -> Result<()> {
+    let rest = args.get(1..).unwrap_or_default();
+    match args.first().map(String::as_str) {
+        Some("test" | "demo") if rest.is_empty() => Ok(()),
+        Some("bench") => bench::parse_args(rest).map(drop),
+        Some("e2e") => e2e::parse_args(rest).map(drop),
+        Some("build-ebpf") => ebpf::parse_args(rest).map(drop),
+        Some("soak") => e2e::soak::parse_args(rest).map(drop),
+        Some("fuzz") => fuzz::parse_args(rest).map(drop),
+        _ => bail!("cargo xtask {}: no such command", args.join(" ")),
     }
 }
 

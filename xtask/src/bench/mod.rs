@@ -38,7 +38,7 @@ use scale::{Settings, Source};
 
 const DATAPATHS: &[&str] = &["ebpf", "nftables", "none"];
 
-struct Options {
+pub(crate) struct Options {
     only: Option<String>,
     quick: bool,
     scales: Vec<Scale>,
@@ -51,7 +51,7 @@ struct Options {
     binaries: Option<(PathBuf, PathBuf)>,
 }
 
-fn parse_args(args: &[String]) -> Result<Options> {
+pub(crate) fn parse_args(args: &[String]) -> Result<Options> {
     let quick = args.iter().any(|a| a == "--quick");
     let mut o = Options {
         only: None,
