@@ -54,7 +54,10 @@ pub fn serve(args: &[String]) -> Result<()> {
         let s = UdpSocket::bind(("::", port)).with_context(|| format!("udp {port}"))?;
         let name = name.clone();
         threads.push(std::thread::spawn(move || {
-            let mut buf = [0u8; 1500];
+            // Room for a datagram of any size: a large request (the
+            // client's `--payload-bytes`) is answered only when it arrived
+            // whole.
+            let mut buf = vec![0u8; 65536];
             while let Ok((_, peer)) = s.recv_from(&mut buf) {
                 let reply = format!("{name} {port} {}\n", canonical(peer));
                 let _ = s.send_to(reply.as_bytes(), peer);
@@ -117,6 +120,7 @@ pub fn client(args: &[String]) -> Result<()> {
     let mut reuse = false;
     let mut connect = false;
     let mut hold = false;
+    let mut payload = b"hello\n".to_vec();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = || it.next().cloned().context("flag needs a value");
@@ -136,6 +140,12 @@ pub fn client(args: &[String]) -> Result<()> {
             "--reuse" => reuse = true,
             "--connect" => connect = true,
             "--hold" => hold = true,
+            // A UDP request of N bytes (at least the 6 of `hello\n`): over
+            // the path MTU it leaves the client as IP fragments.
+            "--payload-bytes" => {
+                let n: usize = value()?.parse()?;
+                payload.resize(n.max(payload.len()), b'.');
+            }
             other => bail!("client: unknown argument {other}"),
         }
     }
@@ -171,7 +181,7 @@ pub fn client(args: &[String]) -> Result<()> {
                     }
                     let r = shared_udp
                         .as_ref()
-                        .map(|s| udp_request(s, target, connect))
+                        .map(|s| udp_request(s, target, connect, &payload))
                         .unwrap_or_else(|| Err("no socket".to_owned()));
                     // A socket the kernel aborted or disconnected (its
                     // backend went away) is opened and connected again, as
@@ -185,7 +195,7 @@ pub fn client(args: &[String]) -> Result<()> {
                 } else {
                     udp_socket(target, timeout, connect)
                         .map_err(|e| e.to_string())
-                        .and_then(|s| udp_request(&s, target, connect))
+                        .and_then(|s| udp_request(&s, target, connect, &payload))
                 }
             }
         };
@@ -255,15 +265,20 @@ fn udp_socket(target: SocketAddr, timeout: Duration, connect: bool) -> Result<Ud
 /// Unconnected sendto/recvfrom: sendmsg and recvmsg hooks at work; the
 /// reply's source must read as the VIP. Connected: send/recv, the peer is
 /// what the socket was connected to (getpeername).
-fn udp_request(s: &UdpSocket, target: SocketAddr, connected: bool) -> Result<Answer, String> {
+fn udp_request(
+    s: &UdpSocket,
+    target: SocketAddr,
+    connected: bool,
+    payload: &[u8],
+) -> Result<Answer, String> {
     let mut buf = [0u8; 1500];
     let (n, from) = if connected {
-        s.send(b"hello\n").map_err(|e| format!("send: {e}"))?;
+        s.send(payload).map_err(|e| format!("send: {e}"))?;
         let n = s.recv(&mut buf).map_err(|e| format!("recv: {e}"))?;
         let peer = s.peer_addr().map_err(|e| format!("getpeername: {e}"))?;
         (n, peer)
     } else {
-        s.send_to(b"hello\n", target)
+        s.send_to(payload, target)
             .map_err(|e| format!("sendto: {e}"))?;
         s.recv_from(&mut buf)
             .map_err(|e| format!("recvfrom: {e}"))?
