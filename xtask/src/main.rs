@@ -9,6 +9,9 @@
 //!   run, and the scale table of the release daemon (`target/bench/results.json`).
 //! * `cargo xtask build-ebpf [--release]` — the eBPF object the daemon
 //!   embeds (installs the pinned nightly and bpf-linker when missing).
+//! * `cargo xtask conformance [--proxy-mode ebpf|nftables] [--filter RE]
+//!   [--json] [--write-docs]` — kube-proxy's upstream e2e tests as named
+//!   scenarios of the e2e bed; writes `docs/conformance.md` (root).
 //! * `cargo xtask soak --minutes N [--proxy-mode ebpf|nftables]
 //!   [--churn-per-second R] [--seed S]` — the daemon on the e2e bed under
 //!   traffic, churn, a flapping API server and SIGKILLs (root).
@@ -44,11 +47,13 @@ fn main() -> Result<()> {
         Some("demo") => demo(&root),
         Some("bench") => bench::bench(&root, &args[1..]),
         Some("e2e") => e2e_command(&root, &args[1..]),
+        Some("conformance") => e2e::conformance::command(&root, &args[1..]),
         Some("build-ebpf") => ebpf::build_ebpf(&root, &args[1..]),
         Some("soak") => soak(&root, &e2e::soak::parse_args(&args[1..])?),
         Some("fuzz") => fuzz::fuzz_command(&root, &args[1..]),
         _ => {
             eprintln!("usage: cargo xtask <test|demo|bench|build-ebpf [--release]|fuzz [--seconds N] [--target NAME]>");
+            eprintln!("       cargo xtask e2e|conformance [--proxy-mode ebpf|nftables] [--filter RE] (conformance: [--json] [--write-docs])");
             eprintln!("       cargo xtask soak --minutes N [--proxy-mode ebpf|nftables] [--churn-per-second R] [--seed S]");
             std::process::exit(2);
         }
@@ -203,6 +208,8 @@ fn test(root: &Path) -> Result<()> {
                 },
             )?;
         }
+        // Issue 36: kube-proxy's upstream e2e tests on both datapaths.
+        e2e::conformance::run_all(root)?;
         // Issue 19: 3 minutes of soak (churn, API server flapping, daemon
         // SIGKILLs) on one datapath; an hour is
         // `cargo xtask soak --minutes 60 --proxy-mode ebpf` (README, Soak).

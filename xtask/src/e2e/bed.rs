@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+pub mod hostnet;
 mod net;
 pub mod node2;
 
@@ -92,6 +93,8 @@ pub struct Bed {
     pub xtask_bin: PathBuf,
     pub localnet: SocketAddr,
     servers: Vec<Child>,
+    /// Whether the node's own netexec ([`Bed::host_endpoint`]) runs.
+    host_endpoint: bool,
     daemon: Option<Child>,
     netns: Vec<String>,
     daemon_starts: u32,
@@ -170,6 +173,7 @@ impl Bed {
             xtask_bin,
             localnet: free_port()?,
             servers: Vec::new(),
+            host_endpoint: false,
             daemon: None,
             netns: Vec::new(),
             daemon_starts: 0,
@@ -275,14 +279,20 @@ impl Bed {
     }
 
     fn start_server(&mut self, pod: &Pod) -> Result<()> {
+        self.start_netexec(&pod.netns, &pod.name, TCP_PORTS, UDP_PORTS)
+    }
+
+    /// A netexec named `name` in `netns` on the given ports; returns once
+    /// it listens.
+    fn start_netexec(&mut self, netns: &str, name: &str, tcp: &[u16], udp: &[u16]) -> Result<()> {
         let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{}", pod.netns))
+        cmd.arg(format!("--net=/run/netns/{netns}"))
             .arg(&self.xtask_bin)
-            .args(["netexec", "--name", &pod.name]);
-        for p in TCP_PORTS {
+            .args(["netexec", "--name", name]);
+        for p in tcp {
             cmd.args(["--tcp", &p.to_string()]);
         }
-        for p in UDP_PORTS {
+        for p in udp {
             cmd.args(["--udp", &p.to_string()]);
         }
         let mut child = cmd
@@ -295,7 +305,7 @@ impl Bed {
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
         if line.trim() != "ready" {
-            bail!("netexec in {} did not start: {line:?}", pod.netns);
+            bail!("netexec in {netns} did not start: {line:?}");
         }
         Ok(())
     }

@@ -24,6 +24,9 @@ pub struct Scenario {
     pub run: fn(&mut Bed) -> Result<()>,
 }
 
+/// The product's own scenarios. Those that check what an upstream
+/// kube-proxy e2e test checks run as that test in `cargo xtask conformance`
+/// (`upstream.rs`), not here.
 pub fn all() -> Vec<Scenario> {
     vec![
         Scenario {
@@ -31,44 +34,8 @@ pub fn all() -> Vec<Scenario> {
             run: pods_reachable,
         },
         Scenario {
-            name: "clusterip-tcp-spreads-over-endpoints",
-            run: clusterip_tcp,
-        },
-        Scenario {
-            name: "clusterip-udp-spreads-over-endpoints",
-            run: clusterip_udp,
-        },
-        Scenario {
-            name: "multi-port-and-same-port-tcp-udp",
-            run: multi_port,
-        },
-        Scenario {
-            name: "endpoint-removed-and-added",
-            run: endpoint_churn,
-        },
-        Scenario {
-            name: "no-endpoints-refused-at-once",
-            run: no_endpoints,
-        },
-        Scenario {
-            name: "session-affinity-client-ip",
-            run: session_affinity,
-        },
-        Scenario {
-            name: "internal-traffic-policy-local",
-            run: itp_local,
-        },
-        Scenario {
-            name: "hairpin-pod-reaches-itself-through-its-service",
-            run: hairpin,
-        },
-        Scenario {
             name: "ipv6-clusterip",
             run: ipv6,
-        },
-        Scenario {
-            name: "daemon-sigkill-restart-no-failed-requests",
-            run: restart,
         },
         Scenario {
             name: "session-affinity-survives-daemon-restart",
@@ -77,14 +44,6 @@ pub fn all() -> Vec<Scenario> {
         Scenario {
             name: "kube-source-drives-the-datapath",
             run: kube_source,
-        },
-        Scenario {
-            name: "udp-endpoint-replaced-long-lived-client-follows",
-            run: udp_endpoint_replaced,
-        },
-        Scenario {
-            name: "nodeport-from-outside-the-node",
-            run: nodeport_outside,
         },
         Scenario {
             name: "ipv6-nodeport-from-outside",
@@ -97,10 +56,6 @@ pub fn all() -> Vec<Scenario> {
         Scenario {
             name: "external-and-load-balancer-ips-from-outside",
             run: external_and_lb_ips,
-        },
-        Scenario {
-            name: "load-balancer-source-ranges-filter",
-            run: lb_source_ranges,
         },
         Scenario {
             name: "load-balancer-source-ranges-ipv6-tcp-and-udp",
@@ -117,10 +72,6 @@ pub fn all() -> Vec<Scenario> {
         Scenario {
             name: "two-node-local-policy-keeps-client-address-drops-without-local-endpoint",
             run: two_node::local_policy_keeps_client_address,
-        },
-        Scenario {
-            name: "two-node-health-check-node-port-503-once-local-endpoint-terminates",
-            run: two_node::health_check_node_port_flips,
         },
         Scenario {
             name: "two-node-hairpin-pod-reaches-its-nodeport-and-lb-ip",
@@ -196,6 +147,12 @@ mod manifests;
 mod restart;
 mod scale;
 mod two_node;
+mod upstream;
+mod upstream_conntrack;
+mod upstream_services;
+mod upstream_two_node;
+
+pub use upstream::conformance;
 
 use client::*;
 use clusterip::*;

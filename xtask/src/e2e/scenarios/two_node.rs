@@ -15,11 +15,11 @@ use test_support::manifests::Endpoint;
 use super::*;
 use crate::e2e::bed::{self, Pod, NODE1, NODE2, OUTSIDE_IP, OUTSIDE_IPV6};
 
-const READY: &str = "{ready: true}";
+pub(super) const READY: &str = "{ready: true}";
 const TERMINATING: &str = "{ready: false, serving: true, terminating: true}";
 
 /// The EndpointSlice of `svc` with `members`: (pod, its node, conditions).
-fn slice(svc: &Svc, v6: bool, members: &[(&Pod, &str, &str)]) -> String {
+pub(super) fn slice(svc: &Svc, v6: bool, members: &[(&Pod, &str, &str)]) -> String {
     let endpoints: Vec<Endpoint> = members
         .iter()
         .map(|(pod, node, conditions)| Endpoint {
@@ -32,7 +32,7 @@ fn slice(svc: &Svc, v6: bool, members: &[(&Pod, &str, &str)]) -> String {
 }
 
 /// Node 2 up, and a pod on each node: (node 1's pod1, node 2's n2pod1).
-fn two_nodes(bed: &mut Bed) -> Result<(Pod, Pod)> {
+pub(super) fn two_nodes(bed: &mut Bed) -> Result<(Pod, Pod)> {
     ensure_daemon(bed)?;
     let remote = bed.node2()?.pods[0].clone();
     Ok((bed.pods[0].clone(), remote))
@@ -260,7 +260,7 @@ pub(super) fn local_policy_keeps_client_address(bed: &mut Bed) -> Result<()> {
 }
 
 /// An HTTP GET from the outside client: (status code, body).
-fn http_get(bed: &Bed, addr: SocketAddr) -> Result<(u16, String)> {
+pub(super) fn http_get(bed: &Bed, addr: SocketAddr) -> Result<(u16, String)> {
     bed::in_netns(&bed.outside_netns, move || -> Result<(u16, String)> {
         let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))
             .with_context(|| format!("connecting to {addr}"))?;
