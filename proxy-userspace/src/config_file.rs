@@ -8,7 +8,6 @@
 //! configuration must work unchanged); unknown fields are warned about;
 //! invalid values are errors naming the field.
 
-use std::net::IpAddr;
 use std::path::Path;
 
 use serde_json::Value;
@@ -158,8 +157,9 @@ pub fn merge_str(
 
     if let Some(addr) = text_field("bindAddress")? {
         if !addr.is_empty() {
-            addr.parse::<IpAddr>()
-                .map_err(|_| field_err("bindAddress", format!("{addr:?} is not an IP address")))?;
+            crate::net::parse_ip_sloppy(addr.trim()).ok_or_else(|| {
+                field_err("bindAddress", format!("{addr:?} is not an IP address"))
+            })?;
             if !from_command_line("bind_address") {
                 flags.bind_address = addr;
             }

@@ -460,3 +460,25 @@ async fn a_service_labelled_headless_is_not_served_until_the_label_is_removed() 
     let third = next_state(&mut c, &second, &d).await;
     assert_eq!(served(&third), ["web"], "{third:?}");
 }
+
+/// CVE-2021-29923 ("IPv4 Service Type ClusterIP with leading zeros should
+/// work interpreted as decimal"): a manifest's `10.96.0.010` is accepted,
+/// read as decimal as kube-proxy reads it, and served as 10.96.0.10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_ip_with_leading_zeros_is_read_as_decimal() {
+    let content = format!(
+        "{}---\n{}",
+        service("default", "web", "10.96.0.010"),
+        slice("default", "web", &["10.244.001.010"])
+    );
+    let d = Daemon::start(&[("web.yaml", &content)]);
+    let mut c = d.unix().await;
+    let first = ebpf_kube_proxy::localnet::client::next(&mut c, 0, 0)
+        .await
+        .unwrap();
+    assert_eq!(served(&first), ["web"], "log:\n{}", d.log_text());
+    let web = &first.services[0];
+    let ips = web.service.as_ref().unwrap().ips.as_ref().unwrap();
+    assert_eq!(ips.cluster_ips.as_ref().unwrap().v4, ["10.96.0.10"]);
+    assert_eq!(web.endpoints[0].ip, "10.244.1.10");
+}

@@ -470,3 +470,40 @@ async fn a_twelve_megabyte_list_in_one_piece_syncs_whole() {
     wait_log(&d, "EndpointSlice bulk/aaa-abc: ").await;
     wait_log(&d, "EndpointSlice bulk/zzz-abc: ").await;
 }
+
+/// CVE-2021-29923 ("IPv4 Service Type ClusterIP with leading zeros should
+/// work interpreted as decimal"): the API server keeps legacy addresses
+/// such as `10.96.0.010`; kube-proxy reads every address and CIDR of a
+/// Service, an EndpointSlice and a Node with leading zeros as decimal.
+/// They are served, in canonical form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addresses_with_leading_zeros_are_read_as_decimal() {
+    let api = FakeApiServer::start().await;
+    let mut svc = service("default", "web", "10.96.0.010");
+    svc["spec"]["type"] = json!("LoadBalancer");
+    svc["spec"]["ports"][0]["nodePort"] = json!(30080);
+    svc["spec"]["externalIPs"] = json!(["192.0.2.010"]);
+    svc["spec"]["loadBalancerSourceRanges"] = json!(["010.0.0.0/08"]);
+    svc["status"] = json!({"loadBalancer": {"ingress": [{"ip": "198.51.100.007"}]}});
+    api.apply(svc);
+    api.apply(slice("default", "web", &["10.244.2.001".into()]));
+    api.apply(json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "n1"},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.001.002"}]}}));
+    let d = start(&api).await;
+
+    let s = wait_state(&d, 0, 0, Duration::from_secs(10), |_| true).await;
+    assert_eq!(names(&s), ["web"], "log:\n{}", d.log_text());
+    assert_eq!(cluster_ip(&s, "web"), "10.96.0.10");
+    let web = s.services[0].service.as_ref().unwrap();
+    let ips = web.ips.as_ref().unwrap();
+    assert_eq!(ips.external_ips.as_ref().unwrap().v4, ["192.0.2.10"]);
+    assert_eq!(ips.load_balancer_ips.as_ref().unwrap().v4, ["198.51.100.7"]);
+    assert_eq!(web.load_balancer_source_ranges, ["10.0.0.0/8"]);
+    assert_eq!(s.services[0].endpoints[0].ip, "10.244.2.1");
+    assert!(
+        !d.log_text().contains("not a valid IP"),
+        "an address was refused; log:\n{}",
+        d.log_text()
+    );
+}

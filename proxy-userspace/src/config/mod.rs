@@ -9,7 +9,7 @@ pub mod duration;
 pub mod flags;
 
 use crate::datapath::ProxyMode;
-use crate::net::{parse_cidr_list, Cidr};
+use crate::net::{parse_cidr_list, parse_ip_sloppy, Cidr};
 pub use duration::parse_duration;
 pub use flags::{DaemonFlags, SourceKind};
 
@@ -75,8 +75,22 @@ pub struct Config {
     pub flags: DaemonFlags,
 }
 
+/// `IP:PORT`, the IP read as kube-proxy reads it (leading zeros decimal).
 fn socket_addr(flag: &'static str, v: &str) -> Result<SocketAddr, ConfigError> {
-    v.parse().map_err(|_| {
+    let sloppy = || {
+        let (host, port) = v.rsplit_once(':')?;
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let ip = parse_ip_sloppy(host)?;
+        // Go's SplitHostPort: an IPv6 host is bracketed.
+        if ip.is_ipv6() && !v.starts_with('[') {
+            return None;
+        }
+        Some(SocketAddr::new(ip, port.parse().ok()?))
+    };
+    v.parse().ok().or_else(sloppy).ok_or_else(|| {
         err(
             flag,
             v,
@@ -119,11 +133,8 @@ impl Config {
         };
         let cluster_cidrs = parse_cidr_list(&f.cluster_cidr)
             .map_err(|r| err("cluster-cidr", &f.cluster_cidr, r))?;
-        let bind_address: IpAddr = f
-            .bind_address
-            .trim()
-            .parse()
-            .map_err(|_| err("bind-address", &f.bind_address, "not an IP address"))?;
+        let bind_address: IpAddr = parse_ip_sloppy(f.bind_address.trim())
+            .ok_or_else(|| err("bind-address", &f.bind_address, "not an IP address"))?;
         // kube-proxy's `primary`: the node's primary IPs, one per family.
         let (primary, cidrs): (Vec<&str>, Vec<&str>) = f
             .nodeport_addresses
@@ -317,6 +328,49 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("nodeport-addresses"), "{e}");
+    }
+
+    /// kube-proxy reads its flags' addresses with ParseIPSloppy and
+    /// ParseCIDRSloppy: leading zeros are decimal (CVE-2021-29923).
+    #[test]
+    fn flag_addresses_with_leading_zeros_are_decimal() {
+        let c = parse(&[
+            "--source",
+            "file",
+            "--manifests",
+            "/m",
+            "--cluster-cidr",
+            "010.244.0.0/016",
+            "--nodeport-addresses",
+            "010.0.0.0/8",
+            "--bind-address",
+            "010.1.2.003",
+            "--metrics-bind-address",
+            "127.0.0.001:10249",
+            "--healthz-bind-address",
+            "[::ffff:127.0.0.01]:10256",
+        ])
+        .unwrap();
+        assert_eq!(c.cluster_cidrs[0].to_string(), "10.244.0.0/16");
+        assert_eq!(c.nodeport_addresses[0].to_string(), "10.0.0.0/8");
+        assert_eq!(
+            c.metrics_bind_address.unwrap().to_string(),
+            "127.0.0.1:10249"
+        );
+        assert_eq!(
+            c.healthz_bind_address.unwrap().to_string(),
+            "127.0.0.1:10256"
+        );
+        let e = parse(&[
+            "--source",
+            "file",
+            "--manifests",
+            "/m",
+            "--metrics-bind-address",
+            "::1:10249",
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("metrics-bind-address"), "{e}");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::model::{
     Protocol, Service, ServicePort, ServiceType, TargetPort, TargetRef, Timestamp, TrafficPolicy,
     Uid, DEFAULT_AFFINITY_TIMEOUT_SECONDS,
 };
-use crate::net::Cidr;
+use crate::net::{parse_ip_sloppy, Cidr};
 
 /// Annotation marking the mirror pod of a static pod.
 pub const ANNOTATION_CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
@@ -279,10 +279,10 @@ fn parse_ip(field: Field, s: &str) -> Result<IpAddr, ObjectError> {
     ip_or_reason(s).map_err(|reason| invalid(field, reason))
 }
 
+/// Read as kube-proxy reads it (leading zeros are decimal), in canonical
+/// form from here on.
 fn ip_or_reason(s: &str) -> Result<IpAddr, String> {
-    s.trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a valid IP address"))
+    parse_ip_sloppy(s.trim()).ok_or_else(|| format!("{s:?} is not a valid IP address"))
 }
 
 /// `prev` when it holds `s` (the pods of a slice share their kind and
@@ -327,9 +327,11 @@ fn traffic_policy(field: Field, p: Option<&str>) -> Result<TrafficPolicy, Object
     }
 }
 
+/// The CIDR in canonical form (`010.0.0.0/8` is `10.0.0.0/8`, as
+/// kube-proxy reads it).
 fn validate_cidr(field: Field, cidr: &str) -> Result<String, ObjectError> {
     cidr.parse::<Cidr>()
-        .map(|_| cidr.trim().to_owned())
+        .map(|c| c.to_string())
         .map_err(|reason| invalid(field, reason))
 }
 
