@@ -34,6 +34,11 @@ pub const SVC_FLAG_AFFINITY: u16 = 1 << 0;
 /// Header flag (node-external scope): only sources listed in
 /// `EKP_SRC_RANGES` for this frontend may connect (loadBalancerSourceRanges).
 pub const SVC_FLAG_SOURCE_RANGES: u16 = 1 << 1;
+/// Header flag (node-external scope, `count == 0`): the service has no
+/// usable endpoint at all, so a new flow is rejected (TCP RST, ICMP port
+/// unreachable) as kube-proxy does; without it a `count == 0` frontend
+/// (externalTrafficPolicy Local without a local endpoint) drops.
+pub const SVC_FLAG_REJECT: u16 = 1 << 2;
 
 /// `ServiceKey::scope`: which program reads the entry.
 /// Socket-LB hooks: cluster IPs, and external / load-balancer IPs and node
@@ -58,6 +63,7 @@ pub const MAP_IFACES: &str = "EKP_IFACES";
 pub const MAP_SRC_RANGES: &str = "EKP_SRC_RANGES";
 pub const MAP_EXT_AFFINITY: &str = "EKP_EXT_AFFINITY";
 pub const MAP_EXT_STATS: &str = "EKP_EXT_STATS";
+pub const MAP_REJECT_RATE: &str = "EKP_REJECT_RATE";
 
 /// Capacities in the object. The daemon creates `EKP_SERVICES` and
 /// `EKP_BACKENDS` itself with `--ebpf-map-size` entries (unpreallocated)
@@ -73,6 +79,8 @@ pub const MAX_CT: u32 = 262_144;
 pub const MAX_IFACES: u32 = 1024;
 /// loadBalancerSourceRanges entries, all services together.
 pub const MAX_SRC_RANGES: u32 = 65_536;
+/// Sources the tc programs' reject replies are rate-limited for (LRU).
+pub const MAX_REJECT_SOURCES: u32 = 16_384;
 /// Most backends one service can have; also bounds the slot lookup.
 pub const MAX_BACKENDS_PER_SERVICE: u16 = 4096;
 
@@ -94,7 +102,18 @@ pub const STAT_EXT_NO_BACKEND: u32 = 1;
 pub const STAT_EXT_SOURCE_DENIED: u32 = 2;
 /// No route to the backend, or no free SNAT port.
 pub const STAT_EXT_UNROUTABLE: u32 = 3;
-pub const EXT_STAT_COUNT: u32 = 4;
+/// A new flow to a frontend without any usable endpoint was refused (TCP
+/// RST or ICMP port unreachable sent back, unless rate-limited).
+pub const STAT_EXT_REJECTED: u32 = 4;
+/// Size of `EKP_EXT_STATS`, with room for later counters (a pinned array
+/// of another size is replaced by the daemon, its counts lost).
+pub const EXT_STAT_COUNT: u32 = 16;
+
+/// Reject replies (TCP RST, ICMP errors) the tc programs send to one source:
+/// a token bucket of `REJECT_BURST` replies refilled at one per
+/// `REJECT_INTERVAL_NS`.
+pub const REJECT_INTERVAL_NS: u64 = 10_000_000;
+pub const REJECT_BURST: u64 = 50;
 
 /// Key of `EKP_SERVICES`: one service port's VIP plus the slot number.
 #[repr(C)]
@@ -278,6 +297,24 @@ pub struct ExtAffinityKey {
     pub _pad: [u8; 3],
 }
 
+/// Key of `EKP_REJECT_RATE`: a source address (IPv4 in `addr[0]`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct RejectKey {
+    pub addr: [u32; 4],
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+
+/// Value of `EKP_REJECT_RATE`: the source's token bucket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct RejectTokens {
+    /// Credit in nanoseconds, at most `REJECT_BURST * REJECT_INTERVAL_NS`.
+    pub credit_ns: u64,
+    pub last_ns: u64,
+}
+
 // --- Socket destruction (iter/tcp, iter/udp programs) ---
 
 /// Map of the sockets to destroy: socket cookie → [`SockDestroyTarget`].
@@ -325,6 +362,8 @@ mod pod {
     unsafe impl aya::Pod for super::IfaceValue {}
     unsafe impl aya::Pod for super::SrcRangeKey {}
     unsafe impl aya::Pod for super::ExtAffinityKey {}
+    unsafe impl aya::Pod for super::RejectKey {}
+    unsafe impl aya::Pod for super::RejectTokens {}
     unsafe impl aya::Pod for super::SockDestroyTarget {}
 }
 

@@ -17,6 +17,9 @@
 //! * `ekp_tc_egress`: replies of local backends leaving the node get the
 //!   frontend's address and port back.
 //!
+//! * A new flow to a frontend of a service without any usable endpoint is
+//!   refused with a TCP RST or an ICMP port unreachable ([`reject`]).
+//!
 //! Anything else is passed on untouched (`TCX_NEXT`, so later programs on
 //! the hook still run). Fragments and IPv6 extension headers are passed on
 //! too; SCTP is not translated here (its CRC32c covers the ports and
@@ -41,11 +44,13 @@ use proxy_common::{
     BACKEND_F_LOCAL, CT_F_CLOSING, CT_F_ORIGINAL, CT_F_REDIRECT, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP,
     CT_TIMEOUT_TCP_CLOSING, EXT_STAT_COUNT, FAMILY_V4, FAMILY_V6, MAX_AFFINITY, MAX_CT, MAX_IFACES,
     MAX_SRC_RANGES, PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SNAT_PORT_MAX, SNAT_PORT_MIN, SRC_RANGE_FRONTEND_BITS,
-    STAT_EXT_NO_BACKEND, STAT_EXT_SOURCE_DENIED, STAT_EXT_TRANSLATED, STAT_EXT_UNROUTABLE,
-    SVC_FLAG_AFFINITY, SVC_FLAG_SOURCE_RANGES,
+    STAT_EXT_NO_BACKEND, STAT_EXT_REJECTED, STAT_EXT_SOURCE_DENIED, STAT_EXT_TRANSLATED,
+    STAT_EXT_UNROUTABLE, SVC_FLAG_AFFINITY, SVC_FLAG_REJECT, SVC_FLAG_SOURCE_RANGES,
 };
 
 use crate::{random_slot, EKP_BACKENDS, EKP_SERVICES, NSEC_PER_SEC};
+
+mod reject;
 
 #[inline(always)]
 fn count(stat: u32) {
@@ -595,6 +600,12 @@ fn new_flow(ctx: &TcContext, p: &Pkt, hdr: &ServiceValue, now: u64) -> i32 {
     let key = frontend_key(p);
     let (n, flags, service_id) = (hdr.count, hdr.flags, hdr.service_id);
     if n == 0 {
+        // No endpoint at all: refused at once, as kube-proxy does; none
+        // for traffic from outside (externalTrafficPolicy Local): dropped.
+        if flags & SVC_FLAG_REJECT != 0 {
+            count(STAT_EXT_REJECTED);
+            return reject::reject(ctx, p, now);
+        }
         count(STAT_EXT_NO_BACKEND);
         return DROP;
     }

@@ -4,7 +4,7 @@
 use std::borrow::Borrow;
 use std::net::IpAddr;
 
-use proxy_common::{SVC_FLAG_AFFINITY, SVC_FLAG_SOURCE_RANGES};
+use proxy_common::{SVC_FLAG_AFFINITY, SVC_FLAG_REJECT, SVC_FLAG_SOURCE_RANGES};
 
 use super::codec::{BackendAddr, Scope, Vip};
 use crate::model::claims::{Claims, Frontend, FrontendIp};
@@ -26,6 +26,10 @@ pub struct DesiredService {
     /// Endpoints of the VIP that terminate but still serve and are not
     /// picked any more (socket scope): their TCP connections drain.
     pub draining: Vec<BackendAddr>,
+    /// External scope without backends because the service port has no
+    /// usable endpoint at all (not because of externalTrafficPolicy
+    /// Local): new flows are rejected, as kube-proxy does, not dropped.
+    pub reject: bool,
 }
 
 impl DesiredService {
@@ -36,6 +40,9 @@ impl DesiredService {
         }
         if self.source_ranges.is_some() {
             flags |= SVC_FLAG_SOURCE_RANGES;
+        }
+        if self.reject {
+            flags |= SVC_FLAG_REJECT;
         }
         flags
     }
@@ -97,6 +104,16 @@ pub fn desired_services(
             b.dedup();
             b
         };
+        // kube-proxy's "has endpoints": any endpoint of the family that a
+        // cluster- or node-local policy would use.
+        let usable = |family_v4: bool| {
+            se.endpoints
+                .iter()
+                .filter(|e| e.ip.is_ipv4() == family_v4)
+                .flat_map(|e| e.ports.iter())
+                .filter(|p| p.name == pm.name && p.protocol == pm.protocol)
+                .any(|p| p.scopes.cluster || p.scopes.local)
+        };
         let mut push = |ip: IpAddr,
                         port: u16,
                         scope: Scope,
@@ -128,6 +145,7 @@ pub fn desired_services(
                     Scope::Socket => backends(ip.is_ipv4(), pick, true),
                     Scope::External => Vec::new(),
                 },
+                reject: scope == Scope::External && !usable(ip.is_ipv4()),
             });
         };
         let owns = |ip: FrontendIp, port: u16| {

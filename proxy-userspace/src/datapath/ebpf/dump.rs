@@ -10,8 +10,9 @@ use std::path::Path;
 use aya::maps::{HashMap, MapData};
 use proxy_common::{
     CtKey, CtValue, RevNatKey, RevNatValue, CT_F_CLOSING, CT_F_ORIGINAL, CT_F_REDIRECT, MAP_CT,
-    MAP_REVNAT, PROTO_TCP, STAT_AFFINITY_HIT, STAT_EXT_NO_BACKEND, STAT_EXT_SOURCE_DENIED,
-    STAT_EXT_TRANSLATED, STAT_EXT_UNROUTABLE, STAT_NO_BACKEND, STAT_SLOT_MISSING, STAT_TRANSLATED,
+    MAP_REVNAT, PROTO_TCP, STAT_AFFINITY_HIT, STAT_EXT_NO_BACKEND, STAT_EXT_REJECTED,
+    STAT_EXT_SOURCE_DENIED, STAT_EXT_TRANSLATED, STAT_EXT_UNROUTABLE, STAT_NO_BACKEND,
+    STAT_SLOT_MISSING, STAT_TRANSLATED,
 };
 use serde::Serialize;
 
@@ -38,6 +39,9 @@ pub struct ServiceDump {
     pub scope: &'static str,
     /// loadBalancerSourceRanges are enforced (external scope).
     pub source_ranges: bool,
+    /// External scope without any usable endpoint: new flows are refused
+    /// (TCP RST, ICMP port unreachable) instead of dropped.
+    pub reject: bool,
     pub service_id: u32,
     /// Backends the hook picks from; 0 = connections refused.
     pub count: u16,
@@ -141,6 +145,7 @@ pub fn read(root: &Path) -> Result<MapDump, EbpfError> {
                     Scope::External => "external",
                 },
                 source_ranges: h.flags & proxy_common::SVC_FLAG_SOURCE_RANGES != 0,
+                reject: h.flags & proxy_common::SVC_FLAG_REJECT != 0,
                 service_id: h.service_id,
                 count: h.count,
                 affinity_timeout_seconds: h.affinity().then_some(h.affinity_timeout),
@@ -206,6 +211,7 @@ pub fn read(root: &Path) -> Result<MapDump, EbpfError> {
             "external_unroutable".to_owned(),
             ext_stat(STAT_EXT_UNROUTABLE),
         ),
+        ("external_rejected".to_owned(), ext_stat(STAT_EXT_REJECTED)),
     ]);
 
     let links = PROGRAMS
@@ -343,7 +349,9 @@ pub fn text(d: &MapDump) -> String {
             let _ = write!(line, "  affinity=ClientIP/{t}s");
         }
         if svc.count == 0 {
-            line.push_str(if svc.scope == "external" {
+            line.push_str(if svc.reject {
+                "  (no endpoints: rejected)"
+            } else if svc.scope == "external" {
                 "  (no endpoints: packets dropped)"
             } else {
                 "  (no endpoints: connect refused)"

@@ -22,10 +22,11 @@ use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError};
 use aya::Ebpf;
 use aya::EbpfLoader;
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, CtKey, CtValue, ExtAffinityKey, IfaceValue, RevNatKey,
-    RevNatValue, ServiceKey, ServiceValue, SrcRangeKey, EXT_STAT_COUNT, MAP_AFFINITY, MAP_BACKENDS,
-    MAP_CT, MAP_EXT_AFFINITY, MAP_EXT_STATS, MAP_IFACES, MAP_REVNAT, MAP_SERVICES, MAP_SRC_RANGES,
-    MAP_STATS, MAX_AFFINITY, MAX_BACKENDS, MAX_CT, MAX_IFACES, MAX_REVNAT, MAX_SERVICE_ENTRIES,
+    AffinityKey, AffinityValue, Backend, CtKey, CtValue, ExtAffinityKey, IfaceValue, RejectKey,
+    RejectTokens, RevNatKey, RevNatValue, ServiceKey, ServiceValue, SrcRangeKey, EXT_STAT_COUNT,
+    MAP_AFFINITY, MAP_BACKENDS, MAP_CT, MAP_EXT_AFFINITY, MAP_EXT_STATS, MAP_IFACES,
+    MAP_REJECT_RATE, MAP_REVNAT, MAP_SERVICES, MAP_SRC_RANGES, MAP_STATS, MAX_AFFINITY,
+    MAX_BACKENDS, MAX_CT, MAX_IFACES, MAX_REJECT_SOURCES, MAX_REVNAT, MAX_SERVICE_ENTRIES,
     MAX_SRC_RANGES, STAT_COUNT,
 };
 
@@ -51,7 +52,7 @@ pub const PROGRAMS: [&str; 8] = [
 
 /// Every map with the key size, value size and capacity this binary uses
 /// (the capacity of [`SIZED_MAPS`] is `--ebpf-map-size` instead).
-pub const MAPS: [(&str, usize, usize, u32); 10] = [
+pub const MAPS: [(&str, usize, usize, u32); 11] = [
     (
         MAP_SERVICES,
         size_of::<ServiceKey>(),
@@ -103,7 +104,17 @@ pub const MAPS: [(&str, usize, usize, u32); 10] = [
         size_of::<AffinityValue>(),
         MAX_AFFINITY,
     ),
+    (
+        MAP_REJECT_RATE,
+        size_of::<RejectKey>(),
+        size_of::<RejectTokens>(),
+        MAX_REJECT_SOURCES,
+    ),
 ];
+
+/// Maps only the programs write, whose contents may be lost: pinned with
+/// another layout (an earlier version's), they are replaced, not refused.
+const REPLACEABLE_MAPS: [&str; 2] = [MAP_EXT_STATS, MAP_REJECT_RATE];
 
 pub const LINKS_DIR: &str = "links";
 
@@ -389,7 +400,17 @@ fn check_pinned_maps(root: &Path) -> Result<(), EbpfError> {
             info.value_size() as usize,
             if sized { capacity } else { info.max_entries() },
         );
-        if got != (key, value, capacity) {
+        if got != (key, value, capacity) && REPLACEABLE_MAPS.contains(&name) {
+            // The old programs keep their map until their links go; the
+            // new ones get a fresh one.
+            remove_if_exists(&path)?;
+            tracing::warn!(
+                map = name,
+                pinned = ?got,
+                expected = ?(key, value, capacity),
+                "pinned eBPF map of another layout replaced (its contents are lost)"
+            );
+        } else if got != (key, value, capacity) {
             return Err(incompatible(format!(
                 "key/value size and capacity {got:?}, expected {:?}",
                 (key, value, capacity)

@@ -36,6 +36,7 @@ fn desired(v: &str, backends: &[&str], affinity: Option<u32>) -> DesiredService 
         source_ranges: None,
         backends,
         draining: vec![],
+        reject: false,
     }
 }
 

@@ -142,6 +142,7 @@ fn desired(v: Vip, backends: &[u8], draining: &[u8]) -> DesiredService {
         source_ranges: None,
         backends: backends.iter().map(|b| be(*b)).collect(),
         draining: draining.iter().map(|b| be(*b)).collect(),
+        reject: false,
     }
 }
 
