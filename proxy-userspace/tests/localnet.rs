@@ -599,47 +599,97 @@ async fn watchers_that_never_read_cost_bounded_memory_and_block_no_one() {
     );
 }
 
-/// `--grpc-max-connections`: connections over the cap are closed as they
-/// are accepted, and the slot is free again once a client leaves.
+/// Sends the HTTP/2 preface on a raw connection and reads what the server
+/// answers: some bytes (its SETTINGS) when it serves the connection, 0 or an
+/// error when it closed it.
+async fn h2_hello(s: &mut tokio::net::UnixStream) -> std::io::Result<usize> {
+    let _ = s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+    let mut buf = [0u8; 64];
+    tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+        .await
+        .expect("the connection was neither served nor closed within 10 s")
+}
+
+/// Reads until the server closes `s`; false if it is still open after 1 s.
+async fn closed_within_a_second(s: &mut tokio::net::UnixStream) -> bool {
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// `--grpc-max-connections`: at the cap a new connection closes the oldest
+/// one without a call open; only when every connection has a call open is
+/// the new one closed, and a slot is free again once a call ends.
+///
+/// Every step waits for what the daemon did (a raw connection's bytes, the
+/// open-call gauge), never for a gRPC channel to reconnect: the test once
+/// raced a freed slot against a fresh tonic channel, which, when its first
+/// connection was closed, reconnected on its own backoff.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_limit_are_closed_and_slots_come_back() {
     let dir = tempfile_with(&two_services());
     let d = Daemon::start_in(dir, &["--grpc-max-connections=3"]);
+    let watching = |n: f64| {
+        let text = common::get(d.metrics, "/metrics").text();
+        common::metric_value(&text, "ebpf_kube_proxy_localnet_clients{rpc=\"Watch\"}") == Some(n)
+    };
+    // One idle connection, then two with a call open.
+    let mut idle = tokio::net::UnixStream::connect(&d.socket).await.unwrap();
+    assert!(
+        h2_hello(&mut idle).await.unwrap() > 0,
+        "first connection served"
+    );
     let mut held = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..2 {
         let mut c = d.unix().await;
-        let s = common::watch_all(&mut c).await;
+        let mut s = common::watch_all(&mut c).await;
+        read_frame(&mut s).await;
         held.push((c, s));
     }
-    // The fourth is closed as it is accepted: on the wire, the HTTP/2
-    // preface gets end-of-file (or a reset), never the server's SETTINGS.
-    // (A gRPC client's view of this depends on its reconnect policy, so the
-    // bytes are what is asserted.)
-    let mut fourth = tokio::net::UnixStream::connect(&d.socket).await.unwrap();
-    let _ = fourth.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
-    let mut buf = [0u8; 64];
-    let read = tokio::time::timeout(Duration::from_secs(10), fourth.read(&mut buf))
-        .await
-        .expect("the fourth connection was neither served nor closed");
+    // A fourth takes the idle one's slot; the idle one is closed.
+    let started = Instant::now();
+    let mut c = d.unix().await;
+    let s = client::next(&mut c, 0, 0).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(s.rev, 1);
+    assert!(
+        closed_within_a_second(&mut idle).await,
+        "the idle connection stayed open"
+    );
+    // Every connection has a call open: a new one is closed as it is
+    // accepted (end-of-file or a reset, never the server's SETTINGS).
+    let mut s = common::watch_all(&mut c).await;
+    read_frame(&mut s).await;
+    held.push((c, s));
+    let mut refused = tokio::net::UnixStream::connect(&d.socket).await.unwrap();
+    let read = h2_hello(&mut refused).await;
     assert!(
         matches!(read, Ok(0) | Err(_)),
         "a fourth connection was served: {read:?}"
     );
     assert!(
-        d.log_text().contains("gRPC connection limit reached"),
+        d.log_text().contains("every connection has a call open"),
         "{}",
         d.log_text()
     );
-    held.pop();
+    // A call ends (its connection stays): that connection is idle, and
+    // the next new connection takes its slot.
+    let (_conn, stream) = held.pop().unwrap();
+    drop(stream);
     let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let c = client::connect(&client::Target::Unix(d.socket.clone())).await;
-        if let Ok(mut c) = c {
-            if client::next(&mut c, 0, 0).await.is_ok() {
-                break;
-            }
-        }
-        assert!(Instant::now() < deadline, "the freed slot never came back");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    while !watching(2.0) {
+        assert!(Instant::now() < deadline, "the cancelled Watch stayed open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let mut again = tokio::net::UnixStream::connect(&d.socket).await.unwrap();
+    assert!(
+        h2_hello(&mut again).await.unwrap() > 0,
+        "the freed slot did not come back"
+    );
 }

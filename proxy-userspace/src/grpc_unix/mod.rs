@@ -48,6 +48,7 @@ macro_rules! delegate_async_write {
 
 pub mod authority;
 pub mod limits;
+mod streams;
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
