@@ -221,7 +221,7 @@ fn the_kernel_holds_the_rules_we_wrote() {
             let held: BTreeMap<String, Vec<String>> =
                 nft::chains_of_listing(&listing).into_iter().collect();
             let mut expected: BTreeMap<String, Vec<String>> = BTreeMap::new();
-            for (chain, rule) in rules::base_rules(f, &nodeport_addresses) {
+            for (chain, rule) in rules::base_rules(f, &nodeport_addresses, true) {
                 expected
                     .entry(chain.to_owned())
                     .or_default()

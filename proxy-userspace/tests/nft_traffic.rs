@@ -10,6 +10,8 @@
 //! ```
 
 use std::io::{BufRead, BufReader};
+
+use ebpf_kube_proxy::datapath::nft;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,6 +81,70 @@ except ConnectionRefusedError:
     print("refused")
 except OSError as e:
     print("timeout" if isinstance(e, socket.timeout) else "error " + str(e))
+"#;
+
+/// The upstream test's boom-server: argv PORT. For every connection it
+/// accepts, it sends the client one TCP segment from the connection's own
+/// address and port but with a sequence number 1 GiB past the window
+/// (read off the client's handshake ACK), then prints "sent".
+const BOOM_SERVER: &str = r#"
+import socket, struct, sys
+port = int(sys.argv[1])
+raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("0.0.0.0", port))
+l.listen(16)
+print("ready", flush=True)
+def csum(b):
+    if len(b) % 2:
+        b += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while s >> 16:
+        s = (s & 0xffff) + (s >> 16)
+    return ~s & 0xffff
+conns = []
+while True:
+    c, peer = l.accept()
+    conns.append(c)
+    local = c.getsockname()
+    while True:
+        pkt = raw.recv(65535)
+        ihl = (pkt[0] & 15) * 4
+        sport, dport, seq, ack, offflags = struct.unpack("!HHIIH", pkt[ihl:ihl + 14])
+        if (socket.inet_ntoa(pkt[12:16]), sport) == peer and offflags & 0x12 == 0x10:
+            break
+    data = b"boom"
+    hdr = struct.pack("!HHIIHHHH", port, peer[1], (ack + (1 << 30)) % (1 << 32), seq,
+                      (5 << 12) | 0x18, 502, 0, 0)
+    pseudo = socket.inet_aton(local[0]) + socket.inet_aton(peer[0]) + struct.pack("!BBH", 0, 6, len(hdr) + len(data))
+    hdr = hdr[:16] + struct.pack("!H", csum(pseudo + hdr + data)) + hdr[18:]
+    raw.sendto(hdr + data, (peer[0], 0))
+    print("sent", flush=True)
+"#;
+
+/// The client of the boom-server: argv DST PORT POD. Connects, then for
+/// 1.5 s counts the TCP segments its namespace receives: from POD's own
+/// address (un-NATed), and carrying "boom" from DST (reverse-NATed).
+const BOOM_CLIENT: &str = r#"
+import socket, sys, time
+dst, port, pod = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
+raw.settimeout(0.1)
+c = socket.create_connection((dst, port), timeout=2)
+unnated = natted = 0
+deadline = time.time() + 1.5
+while time.time() < deadline:
+    try:
+        pkt = raw.recv(65535)
+    except socket.timeout:
+        continue
+    src = socket.inet_ntoa(pkt[12:16])
+    if src == pod:
+        unnated += 1
+    elif src == dst and pkt.endswith(b"boom"):
+        natted += 1
+print("unnated=%d natted=%d" % (unnated, natted))
 "#;
 
 /// The namespaces of one test and the processes it started, all removed
@@ -337,4 +403,57 @@ fn the_node_and_its_pods_reach_an_etp_local_node_port_without_local_endpoints() 
             "from outside the node: dropped, not answered or refused"
         );
     });
+}
+
+/// "Conntrack should drop INVALID conntrack entries" / "proxy
+/// implementation should not be vulnerable to the invalid conntrack state
+/// bug": the backend of a ClusterIP sends its client a segment outside the
+/// TCP window. Conntrack calls it invalid and does not reverse-NAT it;
+/// without the `ct state invalid drop` in `filter-forward` the client
+/// receives it from the pod's own address (and would reset the
+/// connection). With `nf_conntrack_tcp_be_liberal=1` the segment is not
+/// invalid: the datapath leaves the rule out and the client receives it
+/// reverse-NATed, from the ClusterIP.
+#[test]
+fn an_out_of_window_segment_from_a_backend_never_reaches_the_client_un_natted() {
+    let Some(mut bed) = Bed::new("inv") else {
+        return;
+    };
+    let mut server = bed.serve("pod", BOOM_SERVER, &["9000"]);
+    let state = LocalState::new([service(
+        "boom",
+        "10.96.0.40",
+        Protocol::Tcp,
+        30090,
+        &[(POD, 9000, true)],
+    )]);
+    let node = bed.ns("node");
+    let mut boom = |liberal: &str| {
+        bed.netns
+            .sysctl(&node, "net.netfilter.nf_conntrack_tcp_be_liberal", liberal)
+            .unwrap();
+        // A full sync (a start) reads the setting.
+        let listing = bed.on_node(|| {
+            let mut dp = Applier::new(Box::new(NftDatapath::open(Vec::new()).unwrap()));
+            dp.apply(&Arc::new(state.clone())).unwrap();
+            assert_eq!(dp.verify().unwrap(), vec![], "drift after the sync");
+            nft::nft_output(&["list", "chain", "ip", nft::rules::TABLE, "filter-forward"])
+                .unwrap()
+                .unwrap_or_default()
+        });
+        let seen = bed.ask("client", BOOM_CLIENT, &["10.96.0.40", "80", POD]);
+        let mut line = String::new();
+        server.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "sent", "the boom-server sent its segment");
+        (listing, seen)
+    };
+    let (listing, seen) = boom("0");
+    assert!(listing.contains("ct state invalid drop"), "{listing}");
+    assert_eq!(seen, "unnated=0 natted=0", "strict conntrack: dropped");
+    let (listing, seen) = boom("1");
+    assert!(!listing.contains("ct state invalid"), "{listing}");
+    assert_eq!(
+        seen, "unnated=0 natted=1",
+        "liberal conntrack: reverse-NATed"
+    );
 }

@@ -167,6 +167,23 @@ pub fn plan_startup(state: &LocalState) -> Vec<Flush> {
     out
 }
 
+/// The sysctl that makes conntrack accept TCP segments outside the window.
+const TCP_BE_LIBERAL: &str = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal";
+
+/// Whether conntrack is liberal about TCP windows in this thread's network
+/// namespace (`nf_conntrack_tcp_be_liberal` is 1, as
+/// `--conntrack-tcp-be-liberal` sets it). Unreadable (no conntrack module
+/// yet): not liberal.
+pub fn tcp_be_liberal() -> bool {
+    match std::fs::read_to_string(TCP_BE_LIBERAL) {
+        Ok(v) => v.trim() != "0",
+        Err(e) => {
+            tracing::debug!(path = TCP_BE_LIBERAL, error = %e, "conntrack TCP window setting unreadable; taken as strict");
+            false
+        }
+    }
+}
+
 /// Runs the deletions: one listing of each family's UDP entries, then the
 /// matching ones deleted. Failures are logged, never fatal: the rules are
 /// in place, a stale entry only lasts until the flow idles out.

@@ -143,7 +143,7 @@ pub fn expected(
         c.chains.insert(name.to_owned(), Some(0));
     }
     let counts = dp.pick_counts.get(&f).cloned().unwrap_or_default();
-    let base = rules::base_rules(f, &dp.nodeport_addresses);
+    let base = rules::base_rules(f, &dp.nodeport_addresses, dp.drop_invalid);
     for (chain, _) in base.into_iter().chain(rules::pick_rules(&counts)) {
         if let Some(n) = c.chains.entry(chain.to_owned()).or_insert(Some(0)) {
             *n += 1;

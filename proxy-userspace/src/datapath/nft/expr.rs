@@ -26,6 +26,7 @@ const META_L4PROTO: u32 = 16;
 const CT_STATE: u32 = 0;
 const CT_STATUS: u32 = 2;
 const CT_STATE_NEW: u32 = 1 << 3;
+const CT_STATE_INVALID: u32 = 1 << 0;
 const IPS_DST_NAT: u32 = 1 << 5;
 const FIB_RESULT_ADDRTYPE: u32 = 3;
 const FIB_F_SADDR: u32 = 1;
@@ -104,6 +105,9 @@ pub enum Match {
     FibLocal(Field),
     /// `ct state new`.
     CtStateNew,
+    /// `ct state invalid`: conntrack could not place the packet (an
+    /// out-of-window TCP segment, say).
+    CtStateInvalid,
     /// `ct status dnat`.
     CtStatusDnat,
     /// `meta mark & 0x4000 == 0`.
@@ -194,6 +198,7 @@ impl Rule {
                 Match::L4Proto(p) => format!("meta l4proto {}", proto_name(*p)),
                 Match::FibLocal(field) => format!("fib {} type local", field.name()),
                 Match::CtStateNew => "ct state new".to_owned(),
+                Match::CtStateInvalid => "ct state invalid".to_owned(),
                 Match::CtStatusDnat => "ct status dnat".to_owned(),
                 Match::MarkClear(bits) => format!("meta mark & {bits:#010x} == 0x00000000"),
                 Match::OneIn(n) => format!("numgen random mod {n} 0"),
@@ -377,9 +382,10 @@ fn encode_match(a: &mut Attrs, f: Family, m: &Match) {
             });
             cmp(a, r, CMP_EQ, &RTN_LOCAL.to_ne_bytes());
         }
-        Match::CtStateNew | Match::CtStatusDnat => {
+        Match::CtStateNew | Match::CtStateInvalid | Match::CtStatusDnat => {
             let (key, bit) = match m {
                 Match::CtStateNew => (CT_STATE, CT_STATE_NEW),
+                Match::CtStateInvalid => (CT_STATE, CT_STATE_INVALID),
                 _ => (CT_STATUS, IPS_DST_NAT),
             };
             a.expr("ct", |e| {

@@ -132,7 +132,7 @@ impl NftDatapath {
         for name in rules::HELPER_CHAINS {
             b.add_chain(fam, TABLE, name, None);
         }
-        for (chain, rule) in rules::base_rules(f, &self.nodeport_addresses) {
+        for (chain, rule) in rules::base_rules(f, &self.nodeport_addresses, self.drop_invalid) {
             add_rules(&mut b, f, chain, std::slice::from_ref(&rule));
         }
 

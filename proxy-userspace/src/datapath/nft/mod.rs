@@ -29,6 +29,12 @@
 //!   or hold a flow from before a service's first endpoint, are deleted
 //!   over ctnetlink ([`conntrack`]); after a full sync, every UDP entry to
 //!   a service address that does not reach a current endpoint.
+//! * Forwarded packets conntrack finds invalid are dropped (`filter-forward`),
+//!   as kube-proxy's iptables mode does, unless the kernel is told to be
+//!   liberal about TCP windows (`nf_conntrack_tcp_be_liberal`, which
+//!   `--conntrack-tcp-be-liberal` sets): then an out-of-window segment is
+//!   not invalid and is reverse-NATed, and the drop is not needed. The
+//!   sysctl is read at each full sync.
 //! * A rejected transaction changes nothing (nf_tables commits all or
 //!   nothing); the error names the failing command and the next apply is
 //!   a full one.
@@ -244,6 +250,9 @@ pub struct NftDatapath {
     /// Why this datapath runs (the requested mode, auto's fallback
     /// reason): kept in the table for `dump`.
     note: String,
+    /// Whether the last full sync put the `ct state invalid drop` rule in
+    /// `filter-forward` (the kernel was not liberal about TCP windows).
+    drop_invalid: bool,
 }
 
 impl NftDatapath {
@@ -271,6 +280,7 @@ impl NftDatapath {
             nodeport_addresses: Vec::new(),
             pick_counts: HashMap::new(),
             last_transaction: HashMap::new(),
+            drop_invalid: true,
         })
     }
 
@@ -620,6 +630,7 @@ impl Datapath for NftDatapath {
         let started = Instant::now();
         // Refilled by the sync; on a failure the next apply is full again.
         self.unowned.clear();
+        self.drop_invalid = !conntrack::tcp_be_liberal();
         for f in Family::ALL {
             let synced = self.full_sync(f, next, claims);
             self.count_failure(f, &synced);

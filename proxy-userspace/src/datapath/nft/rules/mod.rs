@@ -362,14 +362,34 @@ pub fn pick_rules(counts: &BTreeSet<u32>) -> Vec<(&'static str, Rule)> {
 /// The rules of the base and helper chains. Node ports answer on every
 /// local address but loopback, or, with `nodeport_addresses`
 /// (`--nodeport-addresses`), on the local addresses inside those CIDRs
-/// (none of this family: no node ports in it).
-pub fn base_rules(f: Family, nodeport_addresses: &[Cidr]) -> Vec<(&'static str, Rule)> {
+/// (none of this family: no node ports in it). With `drop_invalid`,
+/// forwarded packets conntrack finds invalid are dropped (see
+/// [`NftDatapath`](super::NftDatapath)'s full sync for when).
+pub fn base_rules(
+    f: Family,
+    nodeport_addresses: &[Cidr],
+    drop_invalid: bool,
+) -> Vec<(&'static str, Rule)> {
     let r = Rule::new;
     let mut rules = vec![
         ("nat-prerouting", r(vec![], vec![jump("services")])),
         ("nat-output", r(vec![], vec![jump("services")])),
         ("nat-postrouting", r(vec![], vec![jump("masquerading")])),
     ];
+    // kube-proxy's iptables mode does the same (KUBE-FORWARD): a reply
+    // segment outside the TCP window is invalid to conntrack, so it is
+    // not reverse-NATed, and would reach the client from the endpoint's
+    // own address; the client answers with a reset that kills the
+    // connection ("Conntrack should drop INVALID conntrack entries").
+    if drop_invalid {
+        rules.push((
+            "filter-forward",
+            r(
+                vec![Match::CtStateInvalid],
+                vec![Stmt::Verdict(Verdict::Drop)],
+            ),
+        ));
+    }
     // Node ports without endpoints are checked on the input hook only
     // (as kube-proxy): a node port the node's own client dials is
     // short-circuited by `nat-output`, after the output hook's check

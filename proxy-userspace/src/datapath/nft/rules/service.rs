@@ -646,7 +646,7 @@ pub(in crate::datapath::nft) mod tests {
     #[test]
     fn nodeport_addresses_narrow_the_node_port_dispatch() {
         let text = |f: Family, cidrs: &[Cidr]| -> Vec<String> {
-            base_rules(f, cidrs)
+            base_rules(f, cidrs, true)
                 .into_iter()
                 .filter(|(chain, _)| *chain == "services")
                 .map(|(_, r)| r.text(f))
