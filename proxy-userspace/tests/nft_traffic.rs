@@ -370,21 +370,25 @@ fn a_udp_flow_follows_a_target_port_change() {
 /// the node's own clients and its pods (they use the cluster endpoints,
 /// as with kube-proxy), and drops what comes from outside. Before, the
 /// drop was consulted from the output hook too, and pods met it for want
-/// of a short-circuit: both timed out.
+/// of a short-circuit: both timed out. A node port without endpoints
+/// still refuses the node's own client.
 #[test]
 fn the_node_and_its_pods_reach_an_etp_local_node_port_without_local_endpoints() {
     let Some(mut bed) = Bed::new("etp") else {
         return;
     };
     bed.serve("remote", TCP_NAME, &["remote", "8080"]);
-    let state = LocalState::new([service(
-        "local",
-        "10.96.0.30",
-        Protocol::Tcp,
-        30081,
-        &[(REMOTE_POD, 8080, false)],
-    )
-    .with_external_policy_local()]);
+    let state = LocalState::new([
+        service("empty", "10.96.0.31", Protocol::Tcp, 30082, &[]),
+        service(
+            "local",
+            "10.96.0.30",
+            Protocol::Tcp,
+            30081,
+            &[(REMOTE_POD, 8080, false)],
+        )
+        .with_external_policy_local(),
+    ]);
     bed.on_node(|| {
         let cidrs = vec!["10.244.0.0/16".parse().unwrap()];
         let mut dp = Applier::new(Box::new(NftDatapath::open(cidrs).unwrap()));
@@ -402,6 +406,15 @@ fn the_node_and_its_pods_reach_an_etp_local_node_port_without_local_endpoints() 
             "timeout",
             "from outside the node: dropped, not answered or refused"
         );
+        // A node port without any endpoint still refuses the node's own
+        // client (checked on the input hook, after the loopback).
+        for from in ["node", "client"] {
+            assert_eq!(
+                bed.ask(from, TCP_ASK, &[NODE_IP, "30082"]),
+                "refused",
+                "no endpoints, from the {from}"
+            );
+        }
     });
 }
 
