@@ -70,6 +70,7 @@ fn parse_command(args: &[String]) -> Result<()> {
         Some("test" | "demo") if rest.is_empty() => Ok(()),
         Some("bench") => bench::parse_args(rest).map(drop),
         Some("e2e") => e2e::parse_args(rest).map(drop),
+        Some("conformance") => e2e::conformance::parse_args(rest).map(drop),
         Some("build-ebpf") => ebpf::parse_args(rest).map(drop),
         Some("soak") => e2e::soak::parse_args(rest).map(drop),
         Some("fuzz") => fuzz::parse_args(rest).map(drop),
