@@ -24,7 +24,8 @@ pub struct DesiredService {
     /// Sorted, no duplicates; empty = refuse connections.
     pub backends: Vec<BackendAddr>,
     /// Endpoints of the VIP that terminate but still serve and are not
-    /// picked any more (socket scope): their TCP connections drain.
+    /// picked any more: their TCP connections (socket scope) and tracked
+    /// flows (external scope) drain.
     pub draining: Vec<BackendAddr>,
     /// External scope without backends because the service port has no
     /// usable endpoint at all (not because of externalTrafficPolicy
@@ -141,10 +142,7 @@ pub fn desired_services(
                     Some(family)
                 },
                 backends: backends(ip.is_ipv4(), pick, false),
-                draining: match scope {
-                    Scope::Socket => backends(ip.is_ipv4(), pick, true),
-                    Scope::External => Vec::new(),
-                },
+                draining: backends(ip.is_ipv4(), pick, true),
                 reject: scope == Scope::External && !usable(ip.is_ipv4()),
             });
         };

@@ -27,6 +27,7 @@ pub mod batch;
 pub mod cleanup;
 pub mod codec;
 pub mod counters;
+pub mod ctflush;
 pub mod desired;
 pub mod drift;
 pub mod dump;

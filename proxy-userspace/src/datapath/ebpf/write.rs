@@ -21,7 +21,7 @@ use hashbrown::HashSet;
 use super::codec::Vip;
 use super::desired::{self, DesiredService};
 use super::plan::{self, Change, PlanProblem};
-use super::{maps, sockdestroy, EbpfDatapath, EbpfError};
+use super::{ctflush, maps, sockdestroy, EbpfDatapath, EbpfError};
 use crate::datapath::{ApplyStats, ServiceChange};
 use crate::model::claims::Claims;
 use crate::model::{LocalState, ServiceEndpoints};
@@ -303,6 +303,7 @@ impl EbpfDatapath {
         let started = std::time::Instant::now();
         self.ext.add_ranges(ranges_before)?;
         let drained = self.draining.update(&changes);
+        let stale_flows = ctflush::StaleFlows::of(&self.view, &changes);
         let plan = plan::plan(&self.view, changes);
         let planned = started.elapsed();
         self.check_fits(&plan.ops)?;
@@ -310,6 +311,15 @@ impl EbpfDatapath {
         let listed = started.elapsed();
         maps::execute(&plan.ops, &mut self.view, &mut self.maps)?;
         let written = started.elapsed();
+        if !stale_flows.is_empty() {
+            match stale_flows.flush(&self.root) {
+                Ok(0) => {}
+                Ok(flows) => tracing::debug!(flows, "stale node-external flows flushed"),
+                // The maps are written; a flow left behind keeps its old
+                // backend until it idles out.
+                Err(e) => tracing::warn!(error = %e, "flushing stale node-external flows"),
+            }
+        }
         for (vip, keep) in &ranges_after {
             self.ext.trim_ranges(vip, keep)?;
         }
