@@ -370,29 +370,38 @@ fn a_udp_flow_follows_a_target_port_change() {
 /// the node's own clients and its pods (they use the cluster endpoints,
 /// as with kube-proxy), and drops what comes from outside. Before, the
 /// drop was consulted from the output hook too, and pods met it for want
-/// of a short-circuit: both timed out. A node port without endpoints
-/// still refuses the node's own client.
+/// of a short-circuit: both timed out. The service loses its local
+/// endpoint in a partial sync. A node port without endpoints still
+/// refuses the node's own client.
 #[test]
 fn the_node_and_its_pods_reach_an_etp_local_node_port_without_local_endpoints() {
     let Some(mut bed) = Bed::new("etp") else {
         return;
     };
     bed.serve("remote", TCP_NAME, &["remote", "8080"]);
-    let state = LocalState::new([
-        service("empty", "10.96.0.31", Protocol::Tcp, 30082, &[]),
-        service(
-            "local",
-            "10.96.0.30",
-            Protocol::Tcp,
-            30081,
-            &[(REMOTE_POD, 8080, false)],
-        )
-        .with_external_policy_local(),
-    ]);
+    bed.serve("pod", TCP_NAME, &["pod", "8080"]);
+    let state = |endpoints: &[(&str, u16, bool)]| {
+        LocalState::new([
+            service("empty", "10.96.0.31", Protocol::Tcp, 30082, &[]),
+            service("local", "10.96.0.30", Protocol::Tcp, 30081, endpoints)
+                .with_external_policy_local(),
+        ])
+    };
     bed.on_node(|| {
         let cidrs = vec!["10.244.0.0/16".parse().unwrap()];
         let mut dp = Applier::new(Box::new(NftDatapath::open(cidrs).unwrap()));
-        dp.apply(&Arc::new(state)).unwrap();
+        // First with a local endpoint, which outside clients get; then
+        // (a partial sync) with the remote one only.
+        dp.apply(&Arc::new(state(&[
+            (POD, 8080, true),
+            (REMOTE_POD, 8080, false),
+        ])))
+        .unwrap();
+        assert_eq!(bed.ask("client", TCP_ASK, &[NODE_IP, "30081"]), "pod");
+        let applied = dp
+            .apply(&Arc::new(state(&[(REMOTE_POD, 8080, false)])))
+            .unwrap();
+        assert!(!applied.full);
         assert_eq!(dp.verify().unwrap(), vec![], "drift after the sync");
         for from in ["node", "pod"] {
             assert_eq!(
