@@ -5,28 +5,8 @@ use super::*;
 
 // ---- cases ----------------------------------------------------------
 
-pub(super) fn lb_etp_local() -> Service {
-    svc("web")
-        .kind(ServiceType::LoadBalancer)
-        .node_port(30080)
-        .lb("192.0.2.10")
-        .etp_local()
-}
-
-pub(super) fn dual_stack() -> Service {
-    svc("web").ips(&["10.96.0.1", "fd00:96::1"])
-}
-
-pub(super) fn two_ports() -> Service {
-    svc("web").ports(vec![sp("http", Tcp, 80), sp("metrics", Tcp, 9100)])
-}
-
-pub(super) fn two_port_slice(name: &str) -> EndpointSlice {
-    slice(name, "web").ports(vec![esp("http", Tcp, 8080), esp("metrics", Tcp, 9100)])
-}
-
 pub(super) fn cases() -> Vec<Case> {
-    let mut all = vec![
+    vec![
         // -- SPEC §8.7 worked cases (node n1, zone a) --
         case(
             "row1_cluster_policies_use_every_ready_endpoint",
@@ -647,7 +627,5 @@ pub(super) fn cases() -> Vec<Case> {
                 &["10.1.0.1 /TCP=8080:CLIE", "10.1.0.2 /TCP=8080:----"],
             )],
         ),
-    ];
-    all.extend(super::cases_more::cases());
-    all
+    ]
 }

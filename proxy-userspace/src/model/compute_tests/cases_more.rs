@@ -1,8 +1,7 @@
 //! The endpoint-selection cases continued: families, topology, hint
 //! synthesis, local ready counts, and the LocalService / LocalEndpoint
-//! fields (the first part is in `cases.rs`).
+//! fields (the first part is in `cases.rs`; `mod.rs` runs both).
 
-use super::cases::*;
 use super::*;
 
 pub(super) fn cases() -> Vec<Case> {

@@ -274,6 +274,27 @@ fn state(services: &[Service], slices: &[EndpointSlice], nodes: &[Node]) -> Clus
     }
 }
 
+/// Services and a slice the cases of both case files start from.
+fn lb_etp_local() -> Service {
+    svc("web")
+        .kind(ServiceType::LoadBalancer)
+        .node_port(30080)
+        .lb("192.0.2.10")
+        .etp_local()
+}
+
+fn dual_stack() -> Service {
+    svc("web").ips(&["10.96.0.1", "fd00:96::1"])
+}
+
+fn two_ports() -> Service {
+    svc("web").ports(vec![sp("http", Tcp, 80), sp("metrics", Tcp, 9100)])
+}
+
+fn two_port_slice(name: &str) -> EndpointSlice {
+    slice(name, "web").ports(vec![esp("http", Tcp, 8080), esp("metrics", Tcp, 9100)])
+}
+
 // ---- table machinery ------------------------------------------------
 
 enum Exp {
@@ -436,7 +457,8 @@ fn run(case: &Case) {
 
 #[test]
 fn selection_table() {
-    let cases = cases();
+    let mut cases = cases::cases();
+    cases.extend(cases_more::cases());
     assert!(cases.len() >= 45, "only {} cases", cases.len());
     let mut names: Vec<&str> = cases.iter().map(|c| c.name).collect();
     names.sort_unstable();
@@ -455,7 +477,6 @@ fn selection_table() {
 
 mod cases;
 mod cases_more;
-use cases::cases;
 
 // ---- determinism ----------------------------------------------------
 
