@@ -95,9 +95,10 @@ async fn a_thousand_idle_podinfo_connections_do_not_lock_out_a_new_client() {
         c.list_pod_conditions(podinfo::ListPodConditionsRequest {})
             .await
     };
-    // Synced first (the API answers UNAVAILABLE until then).
+    // The socket is there and the API synced (it answers UNAVAILABLE
+    // until then).
     let deadline = Instant::now() + Duration::from_secs(10);
-    while list(path.clone()).await.is_err() {
+    while !path.exists() || list(path.clone()).await.is_err() {
         assert!(Instant::now() < deadline, "PodInfo not serving within 10 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{get, metric_value, service, slice, write_atomic, Daemon};
+use common::{service, slice, write_atomic, Daemon};
 use ebpf_kube_proxy::localnet::client;
 use proto::localnet::v1 as pb;
 use test_support::manifests;
@@ -44,23 +44,20 @@ fn small(ns: &str, name: &str, ip: &str, backend: &str) -> String {
     )
 }
 
-/// The daemon's published revision, from /metrics.
-fn published_rev(d: &Daemon) -> u64 {
-    let text = get(d.metrics, "/metrics").text();
-    metric_value(&text, "ebpf_kube_proxy_localstate_revision").unwrap_or(0.0) as u64
-}
-
-/// Waits (bounded) until the daemon has published revision `rev`.
+/// Waits (bounded) until the daemon has published revision `rev`: it
+/// logs "new local state rev=N" once the state is published.
 async fn wait_published(d: &Daemon, rev: u64) {
+    let line = format!("new local state rev={rev} ");
     for _ in 0..600 {
-        let now = published_rev(d);
-        assert!(now <= rev, "revision {now} published, expected {rev}");
-        if now == rev {
+        if d.log_text().contains(&line) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("revision {rev} not published within 30 s");
+    panic!(
+        "revision {rev} not published within 30 s:\n{}",
+        d.log_text()
+    );
 }
 
 async fn watch_event(stream: &mut tonic::Streaming<pb::WatchEvent>) -> pb::watch_event::Event {
