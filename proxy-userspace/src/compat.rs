@@ -9,12 +9,6 @@ use std::ffi::OsString;
 /// Flags of kube-proxy that take a value (`--flag=V` or `--flag V`).
 const WITH_VALUE: &[&str] = &[
     "config-sync-period",
-    "conntrack-max-per-core",
-    "conntrack-min",
-    "conntrack-tcp-timeout-close-wait",
-    "conntrack-tcp-timeout-established",
-    "conntrack-udp-timeout",
-    "conntrack-udp-timeout-stream",
     "detect-local-mode",
     "feature-gates",
     "iptables-masquerade-bit",
@@ -41,7 +35,6 @@ const WITH_VALUE: &[&str] = &[
 /// Boolean flags of kube-proxy (`--flag` or `--flag=true|false`).
 const SWITCHES: &[&str] = &[
     "bind-address-hard-fail",
-    "conntrack-tcp-be-liberal",
     "iptables-localhost-nodeports",
     "ipvs-strict-arp",
     "profiling",
@@ -100,7 +93,7 @@ mod tests {
             "--bind-address",
             "0.0.0.0",
             "--masquerade-all",
-            "--conntrack-max-per-core=0",
+            "--oom-score-adj=-999",
             "--hostname-override=node-1",
             "--iptables-sync-period",
             "30s",
@@ -123,7 +116,7 @@ mod tests {
         assert_eq!(
             ignored,
             [
-                "conntrack-max-per-core",
+                "oom-score-adj",
                 "iptables-sync-period",
                 "ipvs-strict-arp",
                 "feature-gates"

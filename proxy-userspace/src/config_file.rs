@@ -44,12 +44,12 @@ const USED: &[&str] = &[
     "nodePortAddresses",
     "syncPeriod",
     "clientConnection",
+    "conntrack",
 ];
 /// kube-proxy fields accepted without effect here.
 const NOT_APPLICABLE: &[&str] = &[
     "bindAddressHardFail",
     "configSyncPeriod",
-    "conntrack",
     "detectLocal",
     "detectLocalMode",
     "enableProfiling",
@@ -275,6 +275,16 @@ pub fn merge_str(
             flags.sync_period = v;
         }
     }
+    if let Some(conntrack) = map.get("conntrack") {
+        merge_conntrack(flags, conntrack, &file, &from_command_line).map_err(|(f, r)| {
+            let field = if f.is_empty() {
+                "conntrack".to_owned()
+            } else {
+                format!("conntrack.{f}")
+            };
+            field_err(&field, r)
+        })?;
+    }
     if let Some(cc) = map.get("clientConnection") {
         match cc.get("kubeconfig") {
             None | Some(Value::Null) => {}
@@ -288,6 +298,76 @@ pub fn merge_str(
                     "clientConnection.kubeconfig",
                     format!("must be a string, got {other}"),
                 ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `conntrack` (KubeProxyConntrackConfiguration) onto the `--conntrack-*`
+/// flags not given on the command line; `Err((field, reason))`.
+fn merge_conntrack(
+    flags: &mut DaemonFlags,
+    conntrack: &Value,
+    file: &str,
+    from_command_line: &impl Fn(&str) -> bool,
+) -> Result<(), (String, String)> {
+    let map = match conntrack {
+        Value::Null => return Ok(()),
+        Value::Object(map) => map,
+        other => return Err((String::new(), format!("must be a mapping, got {other}"))),
+    };
+    for (key, value) in map {
+        let id = match key.as_str() {
+            "maxPerCore" => "conntrack_max_per_core",
+            "min" => "conntrack_min",
+            "tcpEstablishedTimeout" => "conntrack_tcp_timeout_established",
+            "tcpCloseWaitTimeout" => "conntrack_tcp_timeout_close_wait",
+            "tcpBeLiberal" => "conntrack_tcp_be_liberal",
+            "udpTimeout" => "conntrack_udp_timeout",
+            "udpStreamTimeout" => "conntrack_udp_timeout_stream",
+            _ => {
+                if !is_zero(value) {
+                    tracing::warn!(file = %file, field = %format!("conntrack.{key}"), "unknown KubeProxyConfiguration field; ignored");
+                }
+                continue;
+            }
+        };
+        let bad = |what: &str| (key.clone(), format!("must be {what}, got {value}"));
+        // null: kube-proxy's default, which the flag already holds.
+        if value.is_null() || from_command_line(id) {
+            continue;
+        }
+        match id {
+            "conntrack_max_per_core" | "conntrack_min" => {
+                let n = value
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| bad("a count (0 or more)"))?;
+                if id == "conntrack_min" {
+                    flags.conntrack_min = n;
+                } else {
+                    flags.conntrack_max_per_core = n;
+                }
+            }
+            "conntrack_tcp_be_liberal" => {
+                flags.conntrack_tcp_be_liberal =
+                    value.as_bool().ok_or_else(|| bad("true or false"))?;
+            }
+            _ => {
+                let d = value.as_str().ok_or_else(|| bad("a duration"))?;
+                crate::config::parse_duration(d).map_err(|r| (key.clone(), r))?;
+                let d = d.to_owned();
+                match id {
+                    "conntrack_tcp_timeout_established" => {
+                        flags.conntrack_tcp_timeout_established = d
+                    }
+                    "conntrack_tcp_timeout_close_wait" => {
+                        flags.conntrack_tcp_timeout_close_wait = d
+                    }
+                    "conntrack_udp_timeout" => flags.conntrack_udp_timeout = d,
+                    _ => flags.conntrack_udp_timeout_stream = d,
+                }
             }
         }
     }
@@ -317,6 +397,15 @@ pub fn effective(flags: &DaemonFlags) -> Value {
         "mode": flags.proxy_mode.as_str(),
         "nodePortAddresses": cidrs,
         "syncPeriod": flags.sync_period,
+        "conntrack": {
+            "maxPerCore": flags.conntrack_max_per_core,
+            "min": flags.conntrack_min,
+            "tcpEstablishedTimeout": flags.conntrack_tcp_timeout_established,
+            "tcpCloseWaitTimeout": flags.conntrack_tcp_timeout_close_wait,
+            "tcpBeLiberal": flags.conntrack_tcp_be_liberal,
+            "udpTimeout": flags.conntrack_udp_timeout,
+            "udpStreamTimeout": flags.conntrack_udp_timeout_stream,
+        },
     })
 }
 
@@ -373,6 +462,42 @@ mod tests {
         assert_eq!(f.proxy_mode, crate::datapath::ProxyMode::Nftables);
         assert_eq!(f.nodeport_addresses, "10.0.0.0/8");
         assert_eq!(f.kubeconfig, "/etc/kube/config");
+    }
+
+    #[test]
+    fn conntrack_applies_to_the_conntrack_flags_and_the_command_line_wins() {
+        let cfg = format!(
+            "{HEAD}conntrack:\n  maxPerCore: 0\n  min: 10\n  tcpEstablishedTimeout: null\n  \
+             tcpCloseWaitTimeout: 20m0s\n  tcpBeLiberal: true\n  udpTimeout: 45s\n  \
+             udpStreamTimeout: 0s\n"
+        );
+        let (f, r) = flags_with(&cfg, &["--conntrack-udp-timeout=1m"]);
+        r.unwrap();
+        assert_eq!(f.conntrack_max_per_core, 0);
+        assert_eq!(f.conntrack_min, 10);
+        assert_eq!(
+            f.conntrack_tcp_timeout_established, "24h0m0s",
+            "null: the default"
+        );
+        assert_eq!(f.conntrack_tcp_timeout_close_wait, "20m0s");
+        assert!(f.conntrack_tcp_be_liberal);
+        assert_eq!(f.conntrack_udp_timeout, "1m", "the command line wins");
+        assert_eq!(f.conntrack_udp_timeout_stream, "0s");
+        for (bad, field) in [
+            ("conntrack: {maxPerCore: -1}", "conntrack.maxPerCore"),
+            (
+                "conntrack: {tcpCloseWaitTimeout: soon}",
+                "conntrack.tcpCloseWaitTimeout",
+            ),
+            ("conntrack: {tcpBeLiberal: 1}", "conntrack.tcpBeLiberal"),
+            ("conntrack: 3", "conntrack"),
+        ] {
+            let (_, r) = flags_with(&format!("{HEAD}{bad}\n"), &[]);
+            match r {
+                Err(ConfigFileError::Field { field: f, .. }) => assert_eq!(f, field, "{bad}"),
+                other => panic!("{bad}: expected an error on {field}, got {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -358,5 +358,10 @@ fn select_datapath(config: &Config) -> anyhow::Result<(Box<dyn Datapath>, Datapa
         if config.masquerade_all && choice.mode == ProxyMode::Ebpf {
             tracing::warn!("--masquerade-all has no effect on the eBPF datapath: socket-LB picks the backend at connect() and translates no packet");
         }
+        // As kube-proxy at start, once the datapath (whose nftables table
+        // loads nf_conntrack) is in place; `none` proxies nothing.
+        if choice.mode != ProxyMode::None {
+            crate::conntrack_sysctl::apply(&config.conntrack);
+        }
     })
 }

@@ -10,6 +10,7 @@ pub mod commands;
 pub mod compat;
 pub mod config;
 pub mod config_file;
+pub mod conntrack_sysctl;
 pub mod daemon;
 pub mod datapath;
 pub mod events;

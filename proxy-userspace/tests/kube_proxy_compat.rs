@@ -14,8 +14,9 @@ use std::time::Duration;
 use common::BIN;
 
 /// The config.conf kubeadm v1.33 writes into the kube-proxy ConfigMap,
-/// with mode nftables and two values an operator set (masqueradeAll under
-/// nftables; conntrack.maxPerCore, which does not apply here).
+/// with mode nftables and values an operator set (masqueradeAll under
+/// nftables; conntrack.maxPerCore, applied as kube-proxy applies it;
+/// oomScoreAdj, which does not apply here).
 const KUBEADM_V1_33_CONFIG: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
 bindAddress: 0.0.0.0
 bindAddressHardFail: false
@@ -74,7 +75,7 @@ nftables:
   minSyncPeriod: 0s
   syncPeriod: 0s
 nodePortAddresses: null
-oomScoreAdj: null
+oomScoreAdj: -999
 portRange: ""
 showHiddenMetricsForVersion: ""
 winkernel:
@@ -158,10 +159,15 @@ fn kubeadm_v1_33_arguments_and_config_start_the_daemon() {
     assert!(!log.contains("ERROR"), "{log}");
     assert!(
         log.lines()
-            .any(|l| l.contains("WARN") && l.contains("conntrack") && l.contains("ignored")),
+            .any(|l| l.contains("WARN") && l.contains("oomScoreAdj") && l.contains("ignored")),
         "a value set in a field that does not apply is named:\n{log}"
     );
-    for quiet in ["ipvs", "winkernel", "detectLocal", "nftables"] {
+    // conntrack applies: kube-proxy's defaults where the file says null.
+    assert!(
+        log.contains("set net.netfilter.nf_conntrack_tcp_timeout_established"),
+        "conntrack is applied:\n{log}"
+    );
+    for quiet in ["ipvs", "winkernel", "detectLocal", "nftables", "conntrack"] {
         assert!(
             !log.lines().any(|l| l.contains("WARN") && l.contains(quiet)),
             "{quiet} holds only zero values or ones in use: no warning:\n{log}"

@@ -176,6 +176,7 @@ fn kube_proxy_only_flags_are_accepted_with_a_warning() {
             "--oom-score-adj=-999",
             "--conntrack-max-per-core",
             "0",
+            "--conntrack-tcp-be-liberal",
             "--iptables-sync-period=30s",
             "--ipvs-scheduler=rr",
             "--feature-gates=SomeGate=true",
@@ -189,7 +190,6 @@ fn kube_proxy_only_flags_are_accepted_with_a_warning() {
     assert!(out.status.success(), "{t}");
     for flag in [
         "--oom-score-adj",
-        "--conntrack-max-per-core",
         "--iptables-sync-period",
         "--ipvs-scheduler",
         "--feature-gates",
@@ -200,7 +200,13 @@ fn kube_proxy_only_flags_are_accepted_with_a_warning() {
         );
     }
     // Flags that take effect here are not called ignored.
-    for flag in ["--bind-address", "--masquerade-all", "--cluster-cidr"] {
+    for flag in [
+        "--bind-address",
+        "--masquerade-all",
+        "--cluster-cidr",
+        "--conntrack-max-per-core",
+        "--conntrack-tcp-be-liberal",
+    ] {
         assert!(
             !t.lines().any(|l| l.contains(flag) && l.contains("ignored")),
             "{flag}: {t}"

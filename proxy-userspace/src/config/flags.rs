@@ -195,6 +195,60 @@ pub struct DaemonFlags {
     )]
     pub masquerade_all: bool,
 
+    /// Conntrack entries to allow per CPU: nf_conntrack_max is set to this
+    /// times the node's CPUs, at least --conntrack-min; 0 leaves it (and
+    /// the hash size) as it is.
+    #[arg(global = true, long, value_name = "N", default_value_t = 32768)]
+    pub conntrack_max_per_core: u32,
+
+    /// The least nf_conntrack_max to set, whatever the CPU count
+    /// (unused when --conntrack-max-per-core is 0).
+    #[arg(global = true, long, value_name = "N", default_value_t = 131072)]
+    pub conntrack_min: u32,
+
+    /// nf_conntrack_tcp_timeout_established: how long an idle established
+    /// TCP connection is tracked; 0 leaves the node's value.
+    #[arg(
+        global = true,
+        long,
+        value_name = "DURATION",
+        default_value = "24h0m0s"
+    )]
+    #[serde(serialize_with = "go_duration")]
+    pub conntrack_tcp_timeout_established: String,
+
+    /// nf_conntrack_tcp_timeout_close_wait: how long a TCP connection in
+    /// CLOSE_WAIT is tracked; 0 leaves the node's value.
+    #[arg(global = true, long, value_name = "DURATION", default_value = "1h0m0s")]
+    #[serde(serialize_with = "go_duration")]
+    pub conntrack_tcp_timeout_close_wait: String,
+
+    /// Set nf_conntrack_tcp_be_liberal to 1: conntrack accepts TCP packets
+    /// outside the window it expects instead of marking them INVALID.
+    #[arg(
+        global = true,
+        long,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub conntrack_tcp_be_liberal: bool,
+
+    /// nf_conntrack_udp_timeout: how long an idle UDP flow that was never
+    /// answered is tracked; 0 leaves the node's value.
+    #[arg(global = true, long, value_name = "DURATION", default_value = "0s")]
+    #[serde(serialize_with = "go_duration")]
+    pub conntrack_udp_timeout: String,
+
+    /// nf_conntrack_udp_timeout_stream: how long an idle answered UDP flow
+    /// is tracked; 0 leaves the node's value.
+    #[arg(global = true, long, value_name = "DURATION", default_value = "0s")]
+    #[serde(serialize_with = "go_duration")]
+    pub conntrack_udp_timeout_stream: String,
+
     /// Remove what any datapath left on the node (eBPF links and pins, the
     /// nftables tables, stale sockets) and exit: kube-proxy's spelling of
     /// the `cleanup` subcommand.

@@ -62,6 +62,8 @@ pub struct Config {
     pub nodeport_addresses: Vec<Cidr>,
     /// `--masquerade-all` (nftables).
     pub masquerade_all: bool,
+    /// The `--conntrack-*` flags: the node's conntrack sysctls.
+    pub conntrack: crate::conntrack_sysctl::ConntrackSettings,
     /// `--http-max-connections`, `--http-read-timeout`.
     pub http_limits: crate::status::HttpLimits,
     /// `--socket-group`, resolved to a group id.
@@ -192,6 +194,17 @@ impl Config {
         if sync_period.is_zero() {
             return Err(err("sync-period", &f.sync_period, "must be greater than 0"));
         }
+        let conntrack = crate::conntrack_sysctl::ConntrackSettings::from_flags(f).map_err(
+            |(flag, reason)| {
+                let value = match flag {
+                    "conntrack-tcp-timeout-established" => &f.conntrack_tcp_timeout_established,
+                    "conntrack-tcp-timeout-close-wait" => &f.conntrack_tcp_timeout_close_wait,
+                    "conntrack-udp-timeout" => &f.conntrack_udp_timeout,
+                    _ => &f.conntrack_udp_timeout_stream,
+                };
+                err(flag, value, reason)
+            },
+        )?;
         Ok(Config {
             node_name,
             cluster_cidrs,
@@ -215,6 +228,7 @@ impl Config {
             sync_period,
             nodeport_addresses,
             masquerade_all: f.masquerade_all,
+            conntrack,
             http_limits: crate::status::HttpLimits {
                 max_connections: f.http_max_connections as usize,
                 read_timeout: http_read_timeout,
