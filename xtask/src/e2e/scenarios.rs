@@ -149,6 +149,7 @@ mod scale;
 mod two_node;
 mod upstream;
 mod upstream_conntrack;
+mod upstream_more;
 mod upstream_services;
 mod upstream_two_node;
 

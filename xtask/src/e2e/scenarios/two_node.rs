@@ -16,7 +16,7 @@ use super::*;
 use crate::e2e::bed::{self, Pod, NODE1, NODE2, OUTSIDE_IP, OUTSIDE_IPV6};
 
 pub(super) const READY: &str = "{ready: true}";
-const TERMINATING: &str = "{ready: false, serving: true, terminating: true}";
+pub(super) const TERMINATING: &str = "{ready: false, serving: true, terminating: true}";
 
 /// The EndpointSlice of `svc` with `members`: (pod, its node, conditions).
 pub(super) fn slice(svc: &Svc, v6: bool, members: &[(&Pod, &str, &str)]) -> String {

@@ -12,6 +12,7 @@ use crate::e2e::conformance::Case;
 
 use super::two_node;
 use super::upstream_conntrack as ct;
+use super::upstream_more as more;
 use super::upstream_services as svcs;
 use super::upstream_two_node as two;
 use super::*;
@@ -79,6 +80,38 @@ pub fn conformance() -> Vec<Case> {
             session_affinity,
         ),
         case(
+            "[sig-network] Services should have session affinity work for service with type clusterIP [LinuxOnly] [Conformance]",
+            more::affinity_cluster_ip,
+        ),
+        case(
+            "[sig-network] Services should be able to switch session affinity for service with type clusterIP [LinuxOnly] [Conformance]",
+            more::affinity_switch_cluster_ip,
+        ),
+        case(
+            "[sig-network] Services should have session affinity work for NodePort service [LinuxOnly] [Conformance]",
+            more::affinity_node_port,
+        ),
+        case(
+            "[sig-network] Services should be able to switch session affinity for NodePort service [LinuxOnly] [Conformance]",
+            more::affinity_switch_node_port,
+        ),
+        case(
+            "[sig-network] Services should be able to change the type from ExternalName to NodePort [Conformance]",
+            more::external_name_to_node_port,
+        ),
+        case(
+            "[sig-network] Services should respect internalTrafficPolicy=Local Pod and Node, to Pod (hostNetwork: true)",
+            more::itp_local_to_host_network_endpoint,
+        ),
+        case(
+            "[sig-network] Services should fallback to terminating endpoints when there are no ready endpoints with internalTrafficPolicy=Cluster",
+            more::terminating_fallback_cluster,
+        ),
+        case(
+            "[sig-network] Services should fallback to local terminating endpoints when there are no ready endpoints with internalTrafficPolicy=Local",
+            more::terminating_fallback_local,
+        ),
+        case(
             "[sig-network] Services should implement service.kubernetes.io/service-proxy-name",
             svcs::service_proxy_name_label,
         ),
@@ -132,6 +165,22 @@ pub fn conformance() -> Vec<Case> {
             endpoint_churn,
         ),
         case(
+            "[sig-network] Networking Granular Checks: Services should update endpoints: udp",
+            more::update_endpoints_udp,
+        ),
+        case(
+            "[sig-network] Networking Granular Checks: Services should support basic nodePort: udp functionality",
+            more::basic_node_port_udp,
+        ),
+        case(
+            "[sig-network] Networking Granular Checks: Services should function for endpoint-Service: http",
+            more::endpoint_to_service_tcp,
+        ),
+        case(
+            "[sig-network] Networking Granular Checks: Services should function for endpoint-Service: udp",
+            more::endpoint_to_service_udp,
+        ),
+        case(
             "[sig-network] Networking Granular Checks: Services should function for service endpoints using hostNetwork",
             svcs::host_network_endpoints,
         ),
@@ -142,7 +191,19 @@ pub fn conformance() -> Vec<Case> {
         // Conntrack (conntrack.go).
         case(
             "[sig-network] Conntrack should be able to preserve UDP traffic when server pod cycles for a ClusterIP service",
+            more::udp_cluster_ip_server_cycles_from_a_pod,
+        ),
+        case(
+            "[sig-network] Conntrack should be able to preserve UDP traffic when server pod cycles for a ClusterIP service and client is hostNetwork",
             udp_endpoint_replaced,
+        ),
+        case(
+            "[sig-network] Conntrack should be able to preserve UDP traffic when server pod cycles for a ClusterIP service with InternalTrafficPolicy set to Local",
+            more::udp_cluster_ip_server_cycles_itp_local,
+        ),
+        case(
+            "[sig-network] Conntrack should be able to preserve UDP traffic when initial unready endpoints get ready",
+            more::udp_unready_endpoint_gets_ready,
         ),
         case(
             "[sig-network] Conntrack should be able to preserve UDP traffic when server pod cycles for a NodePort service",
@@ -162,6 +223,15 @@ pub fn conformance() -> Vec<Case> {
             run: ct::invalid_state_not_forwarded,
             not_applicable: &[("ebpf", NFT_ONLY_INVALID)],
         },
+        // EndpointSlice (endpointslice.go).
+        case(
+            "[sig-network] EndpointSlice should support a Service with multiple ports specified in multiple EndpointSlices [Conformance]",
+            more::slices_with_different_ports,
+        ),
+        case(
+            "[sig-network] EndpointSlice should support a Service with multiple endpoint IPs specified in multiple EndpointSlices [Conformance]",
+            more::slices_with_different_addresses,
+        ),
         // KubeProxy (kube_proxy.go).
         case(
             "[sig-network] KubeProxy should set TCP CLOSE_WAIT timeout [Privileged]",
