@@ -35,6 +35,43 @@ fn main() {
     embed_ebpf_object();
 }
 
+/// Where the release eBPF object is expected: `EKP_EBPF_OBJECT`, else
+/// `<target dir>/bpfel-unknown-none/release/proxy-ebpf`, canonical when it
+/// exists so that `CARGO_TARGET_DIR` unset, `target` and `$PWD/target` name
+/// the same file and cargo sees the same `rerun-if-changed` list (a
+/// different spelling of the same path would rerun this script and relink
+/// the daemon for nothing).
+fn object_path(root: &Path) -> PathBuf {
+    let object = match std::env::var_os("EKP_EBPF_OBJECT").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => {
+            // Relative to the workspace root, like cargo (run from it).
+            // Deliberately not a `rerun-if-env-changed`: the target dir is
+            // where this build runs, so a different directory is a
+            // different OUT_DIR and runs this script anyway, and the same
+            // directory spelled another way must not.
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .filter(|d| !d.is_empty())
+                .map(|d| root.join(d))
+                .unwrap_or_else(|| root.join("target"));
+            target.join("bpfel-unknown-none/release/proxy-ebpf")
+        }
+    };
+    std::fs::canonicalize(&object).unwrap_or(object)
+}
+
+/// Writes `contents` to `path` unless it already holds exactly that, so a
+/// rerun with the same object leaves the file's mtime (and with it rustc's
+/// view of `include_bytes!`) alone.
+fn write_if_changed(path: &Path, contents: &[u8]) {
+    if std::fs::read(path).is_ok_and(|old| old == contents) {
+        return;
+    }
+    if let Err(e) = std::fs::write(path, contents) {
+        panic!("writing {}: {e}", path.display());
+    }
+}
+
 fn embed_ebpf_object() {
     let Some(out_dir) = std::env::var_os("OUT_DIR").map(PathBuf::from) else {
         return;
@@ -47,23 +84,13 @@ fn embed_ebpf_object() {
         .unwrap_or(Path::new("."))
         .to_path_buf();
     println!("cargo:rerun-if-env-changed=EKP_EBPF_OBJECT");
-    println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
-    let object = match std::env::var_os("EKP_EBPF_OBJECT").filter(|p| !p.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .filter(|d| !d.is_empty())
-                .map(|d| root.join(d))
-                .unwrap_or_else(|| root.join("target"));
-            target.join("bpfel-unknown-none/release/proxy-ebpf")
-        }
-    };
+    let object = object_path(&root);
     let dest = out_dir.join("proxy-ebpf.o");
     if object.is_file() {
         println!("cargo:rerun-if-changed={}", object.display());
-        if let Err(e) = std::fs::copy(&object, &dest) {
-            panic!("copying {} to {}: {e}", object.display(), dest.display());
-        }
+        let bytes =
+            std::fs::read(&object).unwrap_or_else(|e| panic!("reading {}: {e}", object.display()));
+        write_if_changed(&dest, &bytes);
         println!(
             "cargo:rustc-env=EKP_EBPF_OBJECT_SOURCE={}",
             object.display()
@@ -73,11 +100,10 @@ fn embed_ebpf_object() {
         // would make cargo rerun this script on every build).
         if let Some(dir) = object.parent() {
             let _ = std::fs::create_dir_all(dir);
+            let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
             println!("cargo:rerun-if-changed={}", dir.display());
         }
-        if let Err(e) = std::fs::write(&dest, b"") {
-            panic!("writing {}: {e}", dest.display());
-        }
+        write_if_changed(&dest, b"");
         println!("cargo:rustc-env=EKP_EBPF_OBJECT_SOURCE=");
         println!(
             "cargo:warning=eBPF object {} not found: building without the eBPF datapath (run `cargo xtask build-ebpf --release` to include it)",

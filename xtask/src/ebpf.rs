@@ -191,12 +191,23 @@ pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
     .env_remove("CARGO_ENCODED_RUSTFLAGS")
     .env_remove("RUSTFLAGS")
     .env_remove("CARGO_BUILD_TARGET")
-    .env_remove("CARGO_TARGET_DIR");
+    .env_remove("CARGO_TARGET_DIR")
+    // The nightly's and the stable toolchain's cargo share
+    // `target/.rustc_info.json` and each rewrites it for its own rustc;
+    // the nightly one does without the cache (it asks rustc afresh, a few
+    // milliseconds) so a second `build-ebpf` leaves the file alone.
+    .env("CARGO_CACHE_RUSTC_INFO", "0");
     if release {
         cmd.arg("--release");
     }
-    run(&mut cmd)?;
     let object = object_path(root, release);
+    let dep_info = object.with_extension("d");
+    let before = Unchanged::record(&dep_info);
+    run(&mut cmd)?;
+    // cargo rewrites the artifact's dep-info on every build, even a no-op
+    // one with the same contents: give it its mtime back then, so that
+    // nothing in the target dir looks newer after a build that did nothing.
+    before.restore(&dep_info);
     if !object.is_file() {
         bail!("the build succeeded but {} is missing", object.display());
     }
@@ -205,6 +216,31 @@ pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
         eprintln!("note: the daemon embeds the --release object; run `cargo xtask build-ebpf --release` for it");
     }
     Ok(object)
+}
+
+/// A file's contents and mtime before a build, to put the mtime back when
+/// the build wrote the same contents again.
+struct Unchanged(Option<(Vec<u8>, std::time::SystemTime)>);
+
+impl Unchanged {
+    fn record(path: &Path) -> Self {
+        let read = || -> std::io::Result<_> {
+            let mtime = std::fs::metadata(path)?.modified()?;
+            Ok((std::fs::read(path)?, mtime))
+        };
+        Self(read().ok())
+    }
+
+    fn restore(self, path: &Path) {
+        let Some((contents, mtime)) = self.0 else {
+            return;
+        };
+        if std::fs::read(path).is_ok_and(|now| now == contents) {
+            let file = std::fs::File::options().write(true).open(path);
+            // Best effort: a newer mtime only costs a look, never a wrong build.
+            let _ = file.and_then(|f| f.set_modified(mtime));
+        }
+    }
 }
 
 /// `cargo xtask build-ebpf [--release]`.
