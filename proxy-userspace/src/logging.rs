@@ -26,6 +26,12 @@ pub enum LoggingFormat {
     Json,
 }
 
+/// Off unless `RUST_LOG` names `kube_client`: kube-rs' HTTP trace layer writes an error
+/// line for every failed request (each watcher's retry during an API
+/// server outage); the kube source logs the same failures, with their
+/// cause, at most once a minute per resource.
+const QUIET: &str = "kube_client::client::builder=off";
+
 /// Installs the global subscriber. klog-style levels: `-v` 0–2 info, 3–4
 /// debug, 5+ trace; `RUST_LOG` wins.
 pub fn init(verbosity: u8, format: LoggingFormat) {
@@ -34,8 +40,19 @@ pub fn init(verbosity: u8, format: LoggingFormat) {
         3..=4 => "debug",
         _ => "trace",
     };
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("warn,ebpf_kube_proxy={level}")));
+    let from_env = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|spec| !spec.trim().is_empty())
+        .and_then(|spec| {
+            let spec = if spec.contains("kube_client") {
+                spec
+            } else {
+                format!("{spec},{QUIET}")
+            };
+            EnvFilter::try_new(spec).ok()
+        });
+    let filter =
+        from_env.unwrap_or_else(|| EnvFilter::new(format!("warn,{QUIET},ebpf_kube_proxy={level}")));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

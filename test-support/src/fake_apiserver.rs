@@ -55,7 +55,8 @@ const COLLECTIONS: &[(&str, &str, &str, &str)] = &[
 struct WatchEvent {
     rv: u64,
     kind: String,
-    event: &'static str,
+    /// ADDED, MODIFIED, DELETED, or what [`FakeApiServer::send_event`] was given.
+    event: String,
     object: Value,
 }
 
@@ -114,7 +115,7 @@ impl State {
             self.events.push(WatchEvent {
                 rv,
                 kind: kind.to_owned(),
-                event: "DELETED",
+                event: "DELETED".to_owned(),
                 object,
             });
         }
@@ -222,11 +223,30 @@ impl FakeApiServer {
                 .or_default()
                 .insert(key, Stored::new(object.clone()))
                 .is_some();
-            let event = if existed { "MODIFIED" } else { "ADDED" };
+            let event = if existed { "MODIFIED" } else { "ADDED" }.to_owned();
             st.events.push(WatchEvent {
                 rv,
                 kind,
                 event,
+                object,
+            });
+        }
+        self.notify();
+    }
+
+    /// Sends `object` (it must carry `kind`) to the watches of its kind as
+    /// an event of type `event_type`, which may be one the API does not
+    /// define; nothing is stored and lists do not change.
+    pub fn send_event(&self, event_type: &str, mut object: Value) {
+        {
+            let mut st = self.state.lock().unwrap();
+            st.rv += 1;
+            let rv = st.rv;
+            object["metadata"]["resourceVersion"] = json!(rv.to_string());
+            st.events.push(WatchEvent {
+                rv,
+                kind: object["kind"].as_str().expect("kind").to_owned(),
+                event: event_type.to_owned(),
                 object,
             });
         }

@@ -27,6 +27,7 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -39,6 +40,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+mod events;
 mod known;
 mod raw;
 
@@ -67,6 +69,8 @@ pub struct ApiServer {
     /// The address came from the in-cluster environment
     /// (`KUBERNETES_SERVICE_HOST`), not a kubeconfig or `--master`.
     pub in_cluster: bool,
+    /// Watch events of unknown types the client's responses held.
+    unknown_events: Arc<events::UnknownEvents>,
 }
 
 /// How long the start-up check waits for the API server to answer.
@@ -134,11 +138,18 @@ pub async fn client(
                 })?;
         in_cluster = false;
     }
+    let unknown_events = Arc::new(events::UnknownEvents::default());
     let server = ApiServer {
         url: config.cluster_url.to_string(),
         in_cluster,
+        unknown_events: unknown_events.clone(),
     };
-    let client = Client::try_from(config).map_err(|e| KubeSourceError::Client(e.to_string()))?;
+    let client = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| KubeSourceError::Client(e.to_string()))?
+        .with_layer(&tower::layer::layer_fn(move |inner| {
+            events::Filtered::new(inner, unknown_events.clone())
+        }))
+        .build();
     Ok((client, server))
 }
 
@@ -491,12 +502,29 @@ pub async fn run(
 
     // Resources whose watch failed and has not delivered since.
     let mut stale: BTreeSet<&'static str> = BTreeSet::new();
+    let mut errors_logged = ErrorLog::default();
     let mut synced: BTreeSet<&'static str> = BTreeSet::new();
     let mut announced = false;
-    while let Some(first) = tokio::select! {
-        _ = cancel.cancelled() => None,
-        u = updates.recv() => u,
-    } {
+    loop {
+        let first = tokio::select! {
+            _ = cancel.cancelled() => None,
+            u = updates.recv() => u,
+            () = server.unknown_events.arrived.notified() => {
+                // Logged as they were read; counted here.
+                for _ in 0..server.unknown_events.take() {
+                    let msg = SourceMessage::Rejected {
+                        reason: RejectReason::Undecodable,
+                    };
+                    if tx.send(msg).await.is_err() {
+                        return;
+                    }
+                }
+                continue;
+            }
+        };
+        let Some(first) = first else {
+            break;
+        };
         // Coalesce what is already queued into one batch.
         let mut changes = Vec::new();
         let mut next = Some(first);
@@ -510,6 +538,7 @@ pub async fn run(
                 Update::Error { .. } => None,
             };
             if let Some(resource) = delivered.filter(|r| stale.remove(r)) {
+                errors_logged.recovered(resource);
                 tracing::info!(resource, "watch delivering again");
                 let msg = SourceMessage::ResourceStale {
                     resource,
@@ -555,7 +584,14 @@ pub async fn run(
                     reason,
                     message,
                 } => {
-                    tracing::warn!(resource, reason, url = %server.url, error = %message, "watch error; keeping the last state and retrying with backoff");
+                    match errors_logged.should_warn(resource, tokio::time::Instant::now()) {
+                        Some(repeated) => {
+                            tracing::warn!(resource, reason, url = %server.url, error = %message, repeated, "watch error; keeping the last state and retrying with backoff")
+                        }
+                        None => {
+                            tracing::debug!(resource, reason, url = %server.url, error = %message, "watch error; retrying with backoff")
+                        }
+                    }
                     if stale.insert(resource) {
                         let msg = SourceMessage::ResourceStale {
                             resource,
@@ -587,6 +623,45 @@ pub async fn run(
                 return;
             }
         }
+    }
+}
+
+/// A watch that keeps failing (an API server outage) is logged at warn
+/// level on its first error and then at most once per
+/// [`ERROR_LOG_INTERVAL`] with the number of errors in between (debug
+/// level for those).
+const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+struct ErrorLog {
+    /// Per resource: when it was last logged at warn level, and the
+    /// errors since.
+    last: std::collections::HashMap<&'static str, (tokio::time::Instant, u64)>,
+}
+
+impl ErrorLog {
+    /// `Some(errors not logged since the last warning)` when this error is
+    /// to be logged at warn level.
+    fn should_warn(&mut self, resource: &'static str, now: tokio::time::Instant) -> Option<u64> {
+        match self.last.get_mut(resource) {
+            Some((at, quiet)) if now.duration_since(*at) < ERROR_LOG_INTERVAL => {
+                *quiet += 1;
+                None
+            }
+            Some((at, quiet)) => {
+                *at = now;
+                Some(std::mem::take(quiet))
+            }
+            None => {
+                self.last.insert(resource, (now, 0));
+                Some(0)
+            }
+        }
+    }
+
+    /// The resource delivers again: its next error is logged at once.
+    fn recovered(&mut self, resource: &'static str) {
+        self.last.remove(resource);
     }
 }
 
