@@ -203,8 +203,8 @@ pub fn merge_str(
             if v.is_empty() || from_command_line(id) {
                 continue;
             }
-            v.parse::<std::net::SocketAddr>()
-                .map_err(|_| field_err(field, format!("{v:?} is not IP:PORT")))?;
+            crate::net::parse_socket_addr_sloppy(&v)
+                .ok_or_else(|| field_err(field, format!("{v:?} is not IP:PORT")))?;
             match id {
                 "healthz_bind_address" => flags.healthz_bind_address = v,
                 _ => flags.metrics_bind_address = v,

@@ -10,7 +10,9 @@
 //! already in place is left alone; a file that is absent (nf_conntrack not
 //! loaded) or read-only here (`nf_conntrack_max` and the hash size outside
 //! the initial network namespace) is skipped with a log line; a failed
-//! write is a warning, never an exit.
+//! write is a warning, never an exit. In a container, /proc/sys and /sys
+//! are writable only when it is privileged (kube-proxy's is): elsewhere
+//! every value is skipped as read-only.
 
 use std::io::ErrorKind;
 use std::path::Path;
@@ -247,7 +249,7 @@ fn log(what: &str, value: u64, outcome: &Outcome) {
         ),
         Outcome::ReadOnly => tracing::info!(
             wanted = value,
-            "{what} not set: read-only here (outside the initial network namespace, or a read-only /sys)"
+            "{what} not set: read-only here (outside the initial network namespace, or /proc/sys or /sys mounted read-only as in an unprivileged container)"
         ),
         Outcome::Skipped => {
             tracing::debug!(wanted = value, "{what} not set: nf_conntrack_max was not")

@@ -105,6 +105,20 @@ pub fn parse_cidr_sloppy(s: &str) -> Option<Cidr> {
     })
 }
 
+/// `IP:PORT` (`[IPv6]:PORT`) with the IP read as [`parse_ip_sloppy`]
+/// reads it, as kube-proxy reads its bind addresses.
+pub fn parse_socket_addr_sloppy(s: &str) -> Option<std::net::SocketAddr> {
+    if let Ok(a) = s.parse::<std::net::SocketAddr>() {
+        return Some(std::net::SocketAddr::new(unmapped(a.ip()), a.port()));
+    }
+    let (host, port) = s.rsplit_once(':')?;
+    let ip = match host.strip_prefix('[') {
+        Some(h) => parse_ip_as_written(h.strip_suffix(']')?)?,
+        None => parse_ip_as_written(host).filter(IpAddr::is_ipv4)?,
+    };
+    Some(std::net::SocketAddr::new(unmapped(ip), port.parse().ok()?))
+}
+
 /// The address as written: an IPv4-mapped one stays IPv6.
 fn parse_ip_as_written(s: &str) -> Option<IpAddr> {
     s.parse()
@@ -196,6 +210,25 @@ mod tests {
             parse_ip_sloppy("::1.2.3.4").unwrap().to_string(),
             "::102:304"
         );
+    }
+
+    #[test]
+    fn socket_addresses_read_their_ip_sloppily() {
+        for (s, want) in [
+            ("127.0.0.001:10249", Some("127.0.0.1:10249")),
+            ("[::ffff:127.0.0.01]:10256", Some("127.0.0.1:10256")),
+            ("[fd00::0001]:80", Some("[fd00::1]:80")),
+            ("0.0.0.0:10256", Some("0.0.0.0:10256")),
+            ("fd00::1:80", None),
+            // Go's SplitHostPort takes brackets around any host.
+            ("[010.0.0.1]:80", Some("10.0.0.1:80")),
+            ("127.0.0.1", None),
+            ("127.0.0.1:http", None),
+            ("127.0.0.1:65536", None),
+        ] {
+            let got = parse_socket_addr_sloppy(s).map(|a| a.to_string());
+            assert_eq!(got.as_deref(), want, "{s:?}");
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ pub mod duration;
 pub mod flags;
 
 use crate::datapath::ProxyMode;
-use crate::net::{parse_cidr_list, parse_ip_sloppy, Cidr};
+use crate::net::{parse_cidr_list, parse_ip_sloppy, parse_socket_addr_sloppy, Cidr};
 pub use duration::parse_duration;
 pub use flags::{DaemonFlags, SourceKind};
 
@@ -79,20 +79,7 @@ pub struct Config {
 
 /// `IP:PORT`, the IP read as kube-proxy reads it (leading zeros decimal).
 fn socket_addr(flag: &'static str, v: &str) -> Result<SocketAddr, ConfigError> {
-    let sloppy = || {
-        let (host, port) = v.rsplit_once(':')?;
-        let host = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(host);
-        let ip = parse_ip_sloppy(host)?;
-        // Go's SplitHostPort: an IPv6 host is bracketed.
-        if ip.is_ipv6() && !v.starts_with('[') {
-            return None;
-        }
-        Some(SocketAddr::new(ip, port.parse().ok()?))
-    };
-    v.parse().ok().or_else(sloppy).ok_or_else(|| {
+    parse_socket_addr_sloppy(v).ok_or_else(|| {
         err(
             flag,
             v,
