@@ -105,6 +105,9 @@ pub const STAT_EXT_UNROUTABLE: u32 = 3;
 /// A new flow to a frontend without any usable endpoint was refused (TCP
 /// RST or ICMP port unreachable sent back, unless rate-limited).
 pub const STAT_EXT_REJECTED: u32 = 4;
+/// A packet the tc program would forward itself arrived with TTL (hop
+/// limit) 1 or 0: handed to the stack untranslated.
+pub const STAT_EXT_TTL_EXCEEDED: u32 = 5;
 /// Size of `EKP_EXT_STATS`, with room for later counters (a pinned array
 /// of another size is replaced by the daemon, its counts lost).
 pub const EXT_STAT_COUNT: u32 = 16;

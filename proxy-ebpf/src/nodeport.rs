@@ -44,7 +44,7 @@ use proxy_common::{
     BACKEND_F_LOCAL, CT_F_CLOSING, CT_F_ORIGINAL, CT_F_REDIRECT, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP,
     CT_TIMEOUT_TCP_CLOSING, EXT_STAT_COUNT, FAMILY_V4, FAMILY_V6, MAX_AFFINITY, MAX_CT, MAX_IFACES,
     MAX_SRC_RANGES, PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SNAT_PORT_MAX, SNAT_PORT_MIN, SRC_RANGE_FRONTEND_BITS,
-    STAT_EXT_NO_BACKEND, STAT_EXT_REJECTED, STAT_EXT_SOURCE_DENIED, STAT_EXT_TRANSLATED,
+    STAT_EXT_NO_BACKEND, STAT_EXT_REJECTED, STAT_EXT_SOURCE_DENIED, STAT_EXT_TRANSLATED, STAT_EXT_TTL_EXCEEDED,
     STAT_EXT_UNROUTABLE, SVC_FLAG_AFFINITY, SVC_FLAG_REJECT, SVC_FLAG_SOURCE_RANGES,
 };
 
@@ -87,7 +87,9 @@ const DROP: i32 = TC_ACT_SHOT as i32;
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
+const IPV4_TTL: usize = ETH_HLEN + 8;
 const IPV4_CSUM: usize = ETH_HLEN + 10;
+const IPV6_HOP_LIMIT: usize = ETH_HLEN + 7;
 const IPV4_SADDR: usize = ETH_HLEN + 12;
 const IPV4_DADDR: usize = ETH_HLEN + 16;
 const IPV6_SADDR: usize = ETH_HLEN + 8;
@@ -365,16 +367,53 @@ fn forward(ctx: &TcContext, p: &Pkt, t: &Tuple) -> i32 {
     unsafe { bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) as i32 }
 }
 
+/// The TTL (IPv4) or hop limit (IPv6) of the packet.
+#[inline(always)]
+fn hop_limit(ctx: &TcContext, p: &Pkt) -> Option<u8> {
+    let off = if p.family == FAMILY_V4 {
+        IPV4_TTL
+    } else {
+        IPV6_HOP_LIMIT
+    };
+    ctx.load::<u8>(off).ok()
+}
+
+/// Decrements the TTL (hop limit) as a router does, patching the IPv4
+/// header checksum. The caller checked that it is above 1.
+#[inline(always)]
+fn decrement_hop_limit(ctx: &TcContext, p: &Pkt) -> Option<()> {
+    if p.family == FAMILY_V4 {
+        // The TTL and protocol bytes as one 16-bit word of the header
+        // checksum, in memory order: the TTL is the first byte.
+        let old: [u8; 2] = ctx.load(IPV4_TTL).ok()?;
+        let new = [old[0].wrapping_sub(1), old[1]];
+        let (o, n) = (u16::from_ne_bytes(old), u16::from_ne_bytes(new));
+        ctx.l3_csum_replace(IPV4_CSUM, o as u64, n as u64, 2).ok()?;
+        ctx.store(IPV4_TTL, &new, 0).ok()
+    } else {
+        let hl: u8 = ctx.load(IPV6_HOP_LIMIT).ok()?;
+        ctx.store(IPV6_HOP_LIMIT, &hl.wrapping_sub(1), BPF_F_RECOMPUTE_CSUM as u64)
+            .ok()
+    }
+}
+
 /// Rewrites a packet to `t`; forwards it itself with `CT_F_REDIRECT` in
-/// `flags`.
+/// `flags`, as a router: its TTL (hop limit) is decremented, and a packet
+/// whose TTL would run out is handed to the stack untranslated instead
+/// (which answers time exceeded for what it would forward).
 #[inline(never)]
 fn translate(ctx: &TcContext, p: &Pkt, t: &Tuple, flags: u8) -> i32 {
-    if rewrite(ctx, p, t).is_none() {
+    let redirect = flags & CT_F_REDIRECT != 0;
+    if redirect && !hop_limit(ctx, p).is_some_and(|h| h > 1) {
+        count(STAT_EXT_TTL_EXCEEDED);
+        return TCX_NEXT;
+    }
+    if rewrite(ctx, p, t).is_none() || (redirect && decrement_hop_limit(ctx, p).is_none()) {
         count(STAT_EXT_UNROUTABLE);
         return DROP;
     }
     count(STAT_EXT_TRANSLATED);
-    if flags & CT_F_REDIRECT != 0 {
+    if redirect {
         return forward(ctx, p, t);
     }
     TCX_NEXT

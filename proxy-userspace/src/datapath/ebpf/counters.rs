@@ -9,7 +9,8 @@ use prometheus::proto::MetricFamily;
 use prometheus::{IntCounterVec, Opts};
 use proxy_common::{
     STAT_AFFINITY_HIT, STAT_EXT_NO_BACKEND, STAT_EXT_REJECTED, STAT_EXT_SOURCE_DENIED,
-    STAT_EXT_TRANSLATED, STAT_EXT_UNROUTABLE, STAT_NO_BACKEND, STAT_SLOT_MISSING, STAT_TRANSLATED,
+    STAT_EXT_TRANSLATED, STAT_EXT_TTL_EXCEEDED, STAT_EXT_UNROUTABLE, STAT_NO_BACKEND,
+    STAT_SLOT_MISSING, STAT_TRANSLATED,
 };
 
 use super::maps::{read_ext_stats, read_stats};
@@ -29,12 +30,13 @@ const RESULTS: [(u32, &str); 4] = [
 pub const EXTERNAL_PACKETS_TOTAL: &str = "ebpf_kube_proxy_datapath_external_packets_total";
 
 /// `result` label values of [`EXTERNAL_PACKETS_TOTAL`], by `STAT_*` index.
-const EXTERNAL_RESULTS: [(u32, &str); 5] = [
+const EXTERNAL_RESULTS: [(u32, &str); 6] = [
     (STAT_EXT_TRANSLATED, "translated"),
     (STAT_EXT_NO_BACKEND, "no_local_endpoint"),
     (STAT_EXT_SOURCE_DENIED, "source_range_denied"),
     (STAT_EXT_UNROUTABLE, "unroutable"),
     (STAT_EXT_REJECTED, "rejected"),
+    (STAT_EXT_TTL_EXCEEDED, "ttl_exceeded"),
 ];
 
 /// Collects [`CONNECTIONS_TOTAL`] and [`EXTERNAL_PACKETS_TOTAL`] from the
@@ -57,7 +59,7 @@ impl StatsCollector {
         let external = IntCounterVec::new(
             Opts::new(
                 EXTERNAL_PACKETS_TOTAL,
-                "[ALPHA] Node-external packets the tc programs handled, by result: translated (NAT applied, new or tracked flow), no_local_endpoint (dropped: no usable endpoint for traffic from outside, e.g. externalTrafficPolicy Local without a local endpoint), source_range_denied (dropped by loadBalancerSourceRanges), unroutable (dropped: no route or no free SNAT port), rejected (a new flow to a service without any usable endpoint, answered with a TCP RST or an ICMP port unreachable unless its source's replies are rate-limited). Summed over CPUs; kept across daemon restarts while the maps stay pinned.",
+                "[ALPHA] Node-external packets the tc programs handled, by result: translated (NAT applied, new or tracked flow), no_local_endpoint (dropped: no usable endpoint for traffic from outside, e.g. externalTrafficPolicy Local without a local endpoint), source_range_denied (dropped by loadBalancerSourceRanges), unroutable (dropped: no route or no free SNAT port), rejected (a new flow to a service without any usable endpoint, answered with a TCP RST or an ICMP port unreachable unless its source's replies are rate-limited), ttl_exceeded (a packet to forward arrived with TTL or hop limit 1: handed to the stack untranslated). Summed over CPUs; kept across daemon restarts while the maps stay pinned.",
             ),
             &["result"],
         )?;

@@ -11,14 +11,15 @@ use aya::maps::{HashMap, MapData};
 use proxy_common::{
     CtKey, CtValue, RevNatKey, RevNatValue, CT_F_CLOSING, CT_F_ORIGINAL, CT_F_REDIRECT, MAP_CT,
     MAP_REVNAT, PROTO_TCP, STAT_AFFINITY_HIT, STAT_EXT_NO_BACKEND, STAT_EXT_REJECTED,
-    STAT_EXT_SOURCE_DENIED, STAT_EXT_TRANSLATED, STAT_EXT_UNROUTABLE, STAT_NO_BACKEND,
-    STAT_SLOT_MISSING, STAT_TRANSLATED,
+    STAT_EXT_SOURCE_DENIED, STAT_EXT_TRANSLATED, STAT_EXT_TTL_EXCEEDED, STAT_EXT_UNROUTABLE,
+    STAT_NO_BACKEND, STAT_SLOT_MISSING, STAT_TRANSLATED,
 };
 use serde::Serialize;
 
 use super::codec::{protocol_name, BackendAddr, Header, Scope, Vip};
-use super::loader::{LINKS_DIR, PROGRAMS};
+use super::loader::PROGRAMS;
 use super::maps::{open_pinned, read_ext_stats, read_stats, KernelMaps};
+use super::pins::LINKS_DIR;
 use super::EbpfError;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -212,6 +213,10 @@ pub fn read(root: &Path) -> Result<MapDump, EbpfError> {
             ext_stat(STAT_EXT_UNROUTABLE),
         ),
         ("external_rejected".to_owned(), ext_stat(STAT_EXT_REJECTED)),
+        (
+            "external_ttl_exceeded".to_owned(),
+            ext_stat(STAT_EXT_TTL_EXCEEDED),
+        ),
     ]);
 
     let links = PROGRAMS
