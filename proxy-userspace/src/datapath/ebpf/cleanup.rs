@@ -8,7 +8,8 @@ use std::io;
 use std::path::Path;
 
 use super::generation;
-use super::loader::{absolute, mounts, remove_if_exists, LINKS_DIR, MAPS};
+use super::loader::{absolute, mounts, MAPS};
+use super::pins::{remove_if_exists, LINKS_DIR};
 use super::{EbpfError, BPFFS_MOUNT};
 
 /// What [`cleanup`] removed.

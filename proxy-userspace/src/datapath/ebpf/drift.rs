@@ -16,7 +16,8 @@ use std::path::Path;
 use proxy_common::{MAP_BACKENDS, MAP_SERVICES};
 
 use super::codec::{BackendAddr, Header, Vip};
-use super::loader::{LINKS_DIR, PROGRAMS};
+use super::loader::PROGRAMS;
+use super::pins::LINKS_DIR;
 use super::plan::Programmed;
 use crate::datapath::drift::{Drift, DriftKind, ABSENT};
 

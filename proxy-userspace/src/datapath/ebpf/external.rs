@@ -25,7 +25,7 @@ use aya::Ebpf;
 use proxy_common::{IfaceValue, SrcRangeKey, MAP_IFACES, MAP_SRC_RANGES, SRC_RANGE_FRONTEND_BITS};
 
 use super::codec::{encode_ip, Vip};
-use super::loader::{pin_replacing, remove_if_exists, LINKS_DIR};
+use super::pins::{load_error, pin_replacing, remove_if_exists, LINKS_DIR};
 use super::{chain, EbpfError};
 use crate::net::Cidr;
 use crate::node_addrs::NodeAddress;
@@ -110,7 +110,7 @@ pub fn load(ebpf: &mut Ebpf) -> Result<(), EbpfError> {
     for (name, _) in TC_PROGRAMS {
         program(ebpf, name)?
             .load()
-            .map_err(|e| super::loader::load_error(name, e))?;
+            .map_err(|e| load_error(name, e))?;
     }
     Ok(())
 }

@@ -33,6 +33,7 @@ use proxy_common::{
 use super::external::{self, ExtMaps, NodeIface};
 use super::generation::{self, SIZED_MAPS};
 use super::maps::KernelMaps;
+use super::pins::{classify, load_error, pin_replacing, remove_if_exists, LINKS_DIR};
 use super::sockdestroy::PreparedObject;
 use super::{chain, EbpfConfig, EbpfError, BPFFS_MOUNT};
 
@@ -115,8 +116,6 @@ pub const MAPS: [(&str, usize, usize, u32); 11] = [
 /// Maps only the programs write, whose contents may be lost: pinned with
 /// another layout (an earlier version's), they are replaced, not refused.
 const REPLACEABLE_MAPS: [&str; 2] = [MAP_EXT_STATS, MAP_REJECT_RATE];
-
-pub const LINKS_DIR: &str = "links";
 
 /// One line of /proc/self/mountinfo.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -350,33 +349,6 @@ pub fn ensure_bpffs(root: &Path) -> Result<PathBuf, EbpfError> {
     Ok(root)
 }
 
-/// An errno anywhere in an error's source chain.
-pub fn errno_in(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<io::Error>() {
-            if let Some(code) = io.raw_os_error() {
-                return Some(code);
-            }
-        }
-        cur = err.source();
-    }
-    None
-}
-
-/// Permission errors become the capabilities error, whatever the step.
-fn classify(
-    e: &(dyn std::error::Error + 'static),
-    otherwise: impl FnOnce(String) -> EbpfError,
-) -> EbpfError {
-    match errno_in(e) {
-        Some(libc::EPERM) => EbpfError::Capabilities {
-            missing: format!("(the kernel said EPERM: {})", chain(e)),
-        },
-        _ => otherwise(chain(e)),
-    }
-}
-
 /// Refuses pinned maps whose shape differs from this binary's (a
 /// different layout would be misread by the new programs). The capacity
 /// of [`SIZED_MAPS`] may differ: [`generation`] replaces them.
@@ -560,59 +532,6 @@ fn load_and_attach_prepared(
     let maps = KernelMaps::take(&mut ebpf)?;
     let ext = ExtMaps::take(&mut ebpf)?;
     Ok((maps, ext, ebpf, replaced, sockd))
-}
-
-/// Pins a new link as `links_dir/name`, replacing (and so detaching) the
-/// link pinned there before, if any, without a moment with neither: the
-/// new link is pinned beside it and renamed over it, atomically. Whether
-/// it replaced one.
-pub(super) fn pin_replacing(link: FdLink, links_dir: &Path, name: &str) -> Result<bool, EbpfError> {
-    let pin = links_dir.join(name);
-    // bpffs refuses names with a dot (EPERM): "_new", not ".new".
-    let fresh = links_dir.join(format!("{name}_new"));
-    remove_if_exists(&fresh)?;
-    // Dropping the PinnedLink closes our fd; the pin keeps it attached.
-    drop(link.pin(&fresh).map_err(|e| EbpfError::Pin {
-        path: fresh.clone(),
-        reason: chain(&e),
-    })?);
-    let replaced = pin.exists();
-    std::fs::rename(&fresh, &pin).map_err(|e| EbpfError::Pin {
-        path: pin.clone(),
-        reason: format!("renaming {} over it: {e}", fresh.display()),
-    })?;
-    Ok(replaced)
-}
-
-/// A program's load error: the verifier's log when it refused it.
-pub fn load_error(name: &str, e: ProgramError) -> EbpfError {
-    match e {
-        ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        } if io_error.raw_os_error() != Some(libc::EPERM) => EbpfError::Verifier {
-            program: name.to_owned(),
-            error: io_error,
-            log: tail(&verifier_log.to_string(), 25),
-        },
-        other => classify(&other, |r| EbpfError::Load(format!("{name}: {r}"))),
-    }
-}
-
-fn tail(log: &str, lines: usize) -> String {
-    let all: Vec<&str> = log.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-pub(super) fn remove_if_exists(path: &Path) -> Result<bool, EbpfError> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(EbpfError::Pin {
-            path: path.to_path_buf(),
-            reason: format!("removing: {e}"),
-        }),
-    }
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ pub mod external;
 pub mod generation;
 pub mod loader;
 pub mod maps;
+pub mod pins;
 pub mod plan;
 pub mod sockdestroy;
 mod write;

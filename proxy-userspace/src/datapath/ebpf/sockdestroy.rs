@@ -564,7 +564,7 @@ impl Worker {
             match self.targets.remove(cookie) {
                 Ok(()) => {}
                 // aya reports a missing key as ENOENT from the syscall.
-                Err(e) if super::loader::errno_in(&e) == Some(libc::ENOENT) => destroyed += 1,
+                Err(e) if super::pins::errno_in(&e) == Some(libc::ENOENT) => destroyed += 1,
                 Err(aya::maps::MapError::KeyNotFound) => destroyed += 1,
                 Err(e) => {
                     first_error.get_or_insert(SockDestroyError::Map {
