@@ -1,5 +1,7 @@
 //! Command line: the daemon's flags (kube-proxy's names where kube-proxy has
-//! one) and the subcommands. Parsed values are checked in [`crate::config`].
+//! one), the subcommands and their arguments, and the version they print.
+//! Parsed values are checked in [`crate::config`]; the subcommands' code
+//! uses this module, never the other way round.
 
 use clap::{Args, Parser, Subcommand};
 
@@ -71,11 +73,22 @@ Examples:
   ebpf-kube-proxy completion zsh > \"${fpath[1]}/_ebpf-kube-proxy\"
   ebpf-kube-proxy completion fish > ~/.config/fish/completions/ebpf-kube-proxy.fish";
 
+/// The version: crate version, git commit and compiler; `--version` and
+/// `version` print it alike.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("EKP_GIT_COMMIT"),
+    ", ",
+    env!("EKP_RUSTC_VERSION"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     after_long_help = DAEMON_HELP,
     name = "ebpf-kube-proxy",
-    version = crate::commands::VERSION,
+    version = VERSION,
     about = "A kube-proxy replacement: node-local service state, an eBPF datapath, the localnet API",
     // A repeated flag: the last value wins, as with kube-proxy's flags.
     args_override_self = true

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::cli::{ClientArgs, DumpArgs, WatchArgs};
+use crate::cli::{ClientArgs, DumpArgs, WatchArgs, VERSION};
 use crate::config::DaemonFlags;
 use crate::datapath::ebpf::{self, EbpfDatapath};
 use crate::datapath::nft::{self, NftDatapath};
@@ -14,18 +14,7 @@ use crate::datapath::{Datapath, DatapathConfig, Dump};
 use crate::localnet::client::{self, State, Target};
 use crate::localnet::render::{render, OutputFormat};
 
-/// The version: crate version, git commit and compiler; `--version` and
-/// `version` print it alike.
-pub const VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (git ",
-    env!("EKP_GIT_COMMIT"),
-    ", ",
-    env!("EKP_RUSTC_VERSION"),
-    ")"
-);
-
-/// Version line: `ebpf-kube-proxy` and [`VERSION`].
+/// Version line: `ebpf-kube-proxy` and [`VERSION`], for `version`.
 pub fn version_line() -> String {
     format!("ebpf-kube-proxy {VERSION}")
 }
