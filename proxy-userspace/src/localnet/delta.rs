@@ -7,6 +7,9 @@
 //! references to the frames' bytes (an upsert is the new frame's encoded
 //! service, not a copy). A watcher that skipped revisions gets a delta of
 //! its own, from the frame it last received, which its stream holds.
+//!
+//! A delta reads frames through [`Revision`], which the frames implement:
+//! this module does not depend on theirs.
 
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -15,9 +18,42 @@ use bytes::Bytes;
 use proto::localnet::v1 as pb;
 use tonic::Status;
 
-use super::frame::Frame;
 use super::wire::Encoded;
-use crate::model::ObjectKey;
+use crate::model::{ObjectKey, ServiceEndpoints};
+
+/// One revision of the state in wire form, as a delta reads it.
+pub trait Revision {
+    fn rev(&self) -> u64;
+    /// Each service's encoded `ServiceEndpoints`, in the order of the
+    /// services' keys.
+    fn services(&self) -> &[Bytes];
+    /// The model's services the bytes were made from, same order.
+    fn sources(&self) -> &[Arc<ServiceEndpoints>];
+    /// The delta from the previous revision, made with this one.
+    fn delta(&self) -> Option<&Arc<Delta>>;
+}
+
+impl<R: Revision> Revision for Arc<R> {
+    fn rev(&self) -> u64 {
+        (**self).rev()
+    }
+    fn services(&self) -> &[Bytes] {
+        (**self).services()
+    }
+    fn sources(&self) -> &[Arc<ServiceEndpoints>] {
+        (**self).sources()
+    }
+    fn delta(&self) -> Option<&Arc<Delta>> {
+        (**self).delta()
+    }
+}
+
+/// Where the service `key` is in `r`.
+fn position(r: &impl Revision, key: &ObjectKey) -> Option<usize> {
+    r.sources()
+        .binary_search_by(|s| s.service.key.cmp(key))
+        .ok()
+}
 
 /// One event of a delta frame.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,10 +81,14 @@ impl Delta {
     /// sorted): only those are looked at. Without it the frames are
     /// walked side by side, an unchanged service costing one pointer
     /// comparison (the model shares it between states).
-    pub fn between(old: &Frame, new: &Frame, changed: Option<&[ObjectKey]>) -> Self {
+    pub fn between(
+        old: &impl Revision,
+        new: &impl Revision,
+        changed: Option<&[ObjectKey]>,
+    ) -> Self {
         let mut d = Delta {
-            base_rev: old.rev,
-            rev: new.rev,
+            base_rev: old.rev(),
+            rev: new.rev(),
             changes: Vec::new(),
             upserts: 0,
             removed: 0,
@@ -56,9 +96,9 @@ impl Delta {
         match changed {
             Some(keys) => {
                 for key in keys {
-                    match new.position(key) {
-                        Some(i) => d.upsert(new.services[i].clone()),
-                        None if old.position(key).is_some() => d.remove(key),
+                    match position(new, key) {
+                        Some(i) => d.upsert(new.services()[i].clone()),
+                        None if position(old, key).is_some() => d.remove(key),
                         // Added and removed again in between: nothing to say.
                         None => {}
                     }
@@ -72,18 +112,20 @@ impl Delta {
     /// What a delta watcher holding `held` is sent to reach `frame`: the
     /// frame's own delta (shared) when `held` is the frame before it, else
     /// one made for this watcher.
-    pub fn for_watcher(held: &Frame, frame: &Frame) -> Arc<Delta> {
-        match &frame.delta {
-            Some(d) if d.base_rev == held.rev => d.clone(),
+    pub fn for_watcher(held: &impl Revision, frame: &impl Revision) -> Arc<Delta> {
+        match frame.delta() {
+            Some(d) if d.base_rev == held.rev() => d.clone(),
             _ => Arc::new(Delta::between(held, frame, None)),
         }
     }
 
     /// Merge of the two frames' key-sorted services.
-    fn walk(&mut self, old: &Frame, new: &Frame) {
+    fn walk(&mut self, old: &impl Revision, new: &impl Revision) {
+        let (old_sources, new_sources) = (old.sources(), new.sources());
+        let (old_services, new_services) = (old.services(), new.services());
         let (mut i, mut j) = (0, 0);
         loop {
-            let order = match (old.sources.get(i), new.sources.get(j)) {
+            let order = match (old_sources.get(i), new_sources.get(j)) {
                 (None, None) => return,
                 (Some(_), None) => Ordering::Less,
                 (None, Some(_)) => Ordering::Greater,
@@ -96,18 +138,18 @@ impl Delta {
             };
             match order {
                 Ordering::Less => {
-                    self.remove(&old.sources[i].service.key);
+                    self.remove(&old_sources[i].service.key);
                     i += 1;
                 }
                 Ordering::Greater => {
-                    self.upsert(new.services[j].clone());
+                    self.upsert(new_services[j].clone());
                     j += 1;
                 }
                 Ordering::Equal => {
                     // Another allocation; the same content is possible (a
                     // model that rebuilt it) and then the bytes say so.
-                    if old.services[i] != new.services[j] {
-                        self.upsert(new.services[j].clone());
+                    if old_services[i] != new_services[j] {
+                        self.upsert(new_services[j].clone());
                     }
                     i += 1;
                     j += 1;

@@ -13,6 +13,7 @@ use proto::localnet::v1 as pb;
 use super::*;
 use crate::localnet::client::Watched;
 use crate::localnet::convert;
+use crate::localnet::frame::Frame;
 use crate::model::testing::service;
 use crate::model::{LocalState, ServiceEndpoints};
 use crate::snapshot::Snapshot;

@@ -17,9 +17,9 @@ use proto::localnet::v1 as pb;
 use tonic::Status;
 
 use super::convert;
-use super::delta::Delta;
+use super::delta::{Delta, Revision};
 use super::wire::Encoded;
-use crate::model::{ObjectKey, ServiceEndpoints};
+use crate::model::ServiceEndpoints;
 use crate::snapshot::Snapshot;
 
 /// One revision: its number and its services, each encoded.
@@ -29,7 +29,7 @@ pub struct Frame {
     pub services: Vec<Bytes>,
     /// The model's services the bytes were made from, same order. Held so
     /// that their addresses identify them while this frame lives.
-    pub(super) sources: Vec<Arc<ServiceEndpoints>>,
+    sources: Vec<Arc<ServiceEndpoints>>,
     /// The change from the previous frame, shared by every delta watcher
     /// that holds that one. `None` for the first frame.
     pub delta: Option<Arc<Delta>>,
@@ -67,13 +67,6 @@ impl Frame {
         frame
     }
 
-    /// Where the service `key` is in this frame.
-    pub(super) fn position(&self, key: &ObjectKey) -> Option<usize> {
-        self.sources
-            .binary_search_by(|s| s.service.key.cmp(key))
-            .ok()
-    }
-
     /// A `Next` answer: the `next` item, then every service.
     pub fn next_items(
         self: Arc<Self>,
@@ -109,6 +102,21 @@ impl Frame {
 
     fn service_items(self: Arc<Self>) -> impl Iterator<Item = Result<Encoded, Status>> + Send {
         (0..self.services.len()).map(move |i| Ok(Encoded::Service(self.services[i].clone())))
+    }
+}
+
+impl Revision for Frame {
+    fn rev(&self) -> u64 {
+        self.rev
+    }
+    fn services(&self) -> &[Bytes] {
+        &self.services
+    }
+    fn sources(&self) -> &[Arc<ServiceEndpoints>] {
+        &self.sources
+    }
+    fn delta(&self) -> Option<&Arc<Delta>> {
+        self.delta.as_ref()
     }
 }
 
