@@ -124,7 +124,9 @@ pub struct DaemonFlags {
     pub socket_group: String,
 
     /// Connections each gRPC listener (localnet TCP, localnet and PodInfo
-    /// unix sockets) keeps open at once; more are closed on accept.
+    /// unix sockets) keeps open at once; at the limit a new connection
+    /// closes the oldest one without an open call, and is itself closed on
+    /// accept only when every connection has a call open.
     #[arg(global = true, long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub grpc_max_connections: u32,
 
@@ -133,7 +135,7 @@ pub struct DaemonFlags {
     pub grpc_max_streams: u32,
 
     /// Connections each HTTP server (metrics/status, health) keeps open at
-    /// once; more are closed on accept.
+    /// once; at the limit the oldest connection is closed for the new one.
     #[arg(global = true, long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     pub http_max_connections: u32,
 
