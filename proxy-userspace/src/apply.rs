@@ -19,7 +19,11 @@
 //!   a difference (an entry deleted or changed by hand, a detached
 //!   program, a flushed table) is logged at warn with what differed,
 //!   counted (`ebpf_kube_proxy_datapath_drift_total{kind}`) and repaired
-//!   at once by a full sync.
+//!   at once by a full sync. Where the datapath can check away from
+//!   itself ([`Datapath::drift_check`]), the check runs on a blocking
+//!   thread on a copy of what was programmed, and applies go on meanwhile;
+//!   a difference in a service applied since, or one a full sync since
+//!   has repaired, is not drift.
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
@@ -27,10 +31,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::datapath::drift::DriftMetrics;
-use crate::datapath::{ApplyStats, Datapath, DatapathError, Drift, ServiceChange};
+use crate::datapath::{ApplyStats, Datapath, DatapathError, Drift, DriftCheck, ServiceChange};
 use crate::model::claims::Claims;
 use crate::model::{for_each_changed, LocalState, ObjectKey};
 use crate::snapshot::{Follower, Snapshot, SnapshotReceiver};
@@ -175,6 +180,23 @@ impl Applier {
         Ok(drifts)
     }
 
+    /// [`Datapath::drift_check`] of what is programmed now.
+    pub fn drift_check(&self) -> Option<DriftCheck> {
+        self.datapath
+            .drift_check(self.programmed.clone(), self.claims.clone())
+    }
+
+    /// The state last programmed.
+    pub fn programmed(&self) -> &Arc<LocalState> {
+        &self.programmed
+    }
+
+    /// A drift check run away from the datapath found a difference: the
+    /// next apply is a full one.
+    pub fn drift_found(&mut self) {
+        self.full_next = true;
+    }
+
     /// The node's addresses changed: the datapath follows them, and a full
     /// sync comes next when its frontends depend on them.
     pub fn node_addresses_changed(&mut self) -> Result<bool, DatapathError> {
@@ -249,6 +271,29 @@ enum Wake {
     CheckRequested,
     /// The node's addresses or interfaces changed.
     NodeAddresses,
+    /// The drift check running beside the applies ended.
+    CheckDone(Result<Result<Vec<Drift>, DatapathError>, tokio::task::JoinError>),
+}
+
+/// A drift check running on a blocking thread.
+struct RunningCheck {
+    handle: JoinHandle<Result<Vec<Drift>, DatapathError>>,
+    trigger: &'static str,
+    started: Instant,
+    /// What it compares the kernel with.
+    state: Arc<LocalState>,
+    /// [`Coordinator::applies`] when it started.
+    applies: u64,
+}
+
+/// Waits for the running check, if any (otherwise forever).
+async fn check_done(
+    check: &mut Option<RunningCheck>,
+) -> Result<Result<Vec<Drift>, DatapathError>, tokio::task::JoinError> {
+    match check {
+        Some(c) => (&mut c.handle).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The coordinator's loop state between wake-ups.
@@ -266,6 +311,12 @@ struct Coordinator {
     retry_at: Option<Instant>,
     /// The next drift check is due then.
     check_due: Instant,
+    /// Applies tried (and node address changes followed) so far.
+    applies: u64,
+    /// [`Coordinator::applies`] after the last full sync.
+    full_at: u64,
+    /// The drift check running beside the applies.
+    checking: Option<RunningCheck>,
 }
 
 impl Coordinator {
@@ -279,9 +330,13 @@ impl Coordinator {
     fn apply(&mut self, snapshot: &Snapshot) {
         let started = Instant::now();
         let changed = snapshot.changed_since(self.programmed_rev);
+        self.applies += 1;
         match self.applier.apply_changes(&snapshot.state, changed) {
             Ok(applied) => {
                 let elapsed = started.elapsed();
+                if applied.full {
+                    self.full_at = self.applies;
+                }
                 self.failures = 0;
                 self.programmed_rev = Some(snapshot.rev);
                 self.retry_at = None;
@@ -326,13 +381,114 @@ impl Coordinator {
         }
     }
 
-    /// Compares the kernel with what was programmed; a difference is
-    /// logged, counted and repaired at once by a full sync of `latest`.
+    /// The node's addresses changed (see [`Applier::node_addresses_changed`]).
+    fn node_addresses_changed(&mut self) -> Result<bool, DatapathError> {
+        // What a running check compares with may no longer hold.
+        self.applies += 1;
+        self.applier.node_addresses_changed()
+    }
+
+    /// Starts a drift check: beside the applies when the datapath can
+    /// check away from itself, else in place ([`Coordinator::check_drift`]).
+    fn start_check(&mut self, latest: &Snapshot, trigger: &'static str) {
+        if self.checking.is_some() {
+            if trigger == TRIGGER_REQUESTED {
+                tracing::info!(
+                    trigger,
+                    "datapath drift check requested while one runs; its verdict answers"
+                );
+            }
+            return;
+        }
+        let Some(job) = self.applier.drift_check() else {
+            self.check_drift(latest, trigger);
+            return;
+        };
+        // Due again one period after this one ends; not before.
+        self.check_due = Instant::now() + self.sync_period;
+        self.checking = Some(RunningCheck {
+            handle: tokio::task::spawn_blocking(job),
+            trigger,
+            started: Instant::now(),
+            state: self.applier.programmed().clone(),
+            applies: self.applies,
+        });
+    }
+
+    /// The check running beside the applies ended. When something was
+    /// applied meanwhile, its verdict is weighed against what is
+    /// programmed now: a full sync since repaired anything it found; a
+    /// difference in a service applied since is the apply, not drift; a
+    /// difference no service owns (a chain's rules, the hairpin set, the
+    /// table) cannot be told apart from one, so it is checked again at
+    /// once. What remains is drift, handled as in place.
+    fn check_finished(
+        &mut self,
+        result: Result<Result<Vec<Drift>, DatapathError>, tokio::task::JoinError>,
+        latest: Option<&Snapshot>,
+    ) {
+        let Some(check) = self.checking.take() else {
+            return;
+        };
+        let result = result.unwrap_or_else(|e| {
+            Err(DatapathError::Apply {
+                mode: self.applier.datapath().mode(),
+                reason: format!("drift check task: {e}"),
+            })
+        });
+        let applied_since = self.applies != check.applies;
+        let result = match result {
+            Ok(drifts) if applied_since && !drifts.is_empty() => {
+                if self.full_at > check.applies || self.programmed_rev.is_none() {
+                    tracing::debug!(
+                        found = drifts.len(),
+                        "datapath drift check overtaken by a full sync; its verdict is dropped"
+                    );
+                    Ok(Vec::new())
+                } else {
+                    let changed = changed_services(&check.state, self.applier.programmed());
+                    let (unowned, owned): (Vec<Drift>, Vec<Drift>) = drifts
+                        .into_iter()
+                        .filter(|d| d.service.as_ref().is_none_or(|s| !changed.contains(s)))
+                        .partition(|d| d.service.is_none());
+                    if owned.is_empty() && !unowned.is_empty() {
+                        tracing::debug!(
+                            found = unowned.len(),
+                            "datapath drift check overtaken by an apply; checking again"
+                        );
+                        self.check_due = Instant::now();
+                        return;
+                    }
+                    Ok(owned.into_iter().chain(unowned).collect())
+                }
+            }
+            other => other,
+        };
+        let duration_ms = check.started.elapsed().as_secs_f64() * 1e3;
+        self.check_due = Instant::now() + self.sync_period;
+        self.verdict(result, latest, check.trigger, duration_ms);
+    }
+
+    /// Compares the kernel with what was programmed, in place; a
+    /// difference is logged, counted and repaired at once by a full sync
+    /// of `latest`.
     fn check_drift(&mut self, latest: &Snapshot, trigger: &'static str) {
         let started = Instant::now();
         let result = self.applier.verify();
         let duration_ms = started.elapsed().as_secs_f64() * 1e3;
         self.check_due = Instant::now() + self.sync_period;
+        self.verdict(result, Some(latest), trigger, duration_ms);
+    }
+
+    /// Logs a check's verdict; drift is counted and repaired by a full
+    /// sync of `latest`.
+    fn verdict(
+        &mut self,
+        result: Result<Vec<Drift>, DatapathError>,
+        latest: Option<&Snapshot>,
+        trigger: &'static str,
+        duration_ms: f64,
+    ) {
         match result {
             Ok(drifts) if drifts.is_empty() => {
                 if trigger == TRIGGER_REQUESTED {
@@ -354,7 +510,10 @@ impl Coordinator {
                 if let Some(m) = &self.drift_metrics {
                     m.count(&drifts);
                 }
-                self.apply(latest);
+                self.applier.drift_found();
+                if let Some(latest) = latest {
+                    self.apply(latest);
+                }
             }
             Err(e) => tracing::warn!(
                 trigger,
@@ -363,6 +522,16 @@ impl Coordinator {
             ),
         }
     }
+}
+
+/// The keys (`namespace/name`) of the services that differ between `a`
+/// and `b`.
+fn changed_services(a: &LocalState, b: &LocalState) -> HashSet<String> {
+    let mut out = HashSet::new();
+    for_each_changed(a, b, |key, _| {
+        out.insert(key.to_string());
+    });
+    out
 }
 
 /// `trigger` of a drift check on SIGHUP (the other is `sync-period`).
@@ -400,6 +569,9 @@ pub async fn run(
         programmed_rev: None,
         retry_at: None,
         check_due: Instant::now() + sync_period,
+        applies: 0,
+        full_at: 0,
+        checking: None,
     };
     let mut latest: Option<Arc<Snapshot>> = None;
     let mut follower = Follower::new(snapshots, shutdown);
@@ -416,6 +588,7 @@ pub async fn run(
             },
             () = drift_checks.notified() => Wake::CheckRequested,
             () = node_addresses.notified() => Wake::NodeAddresses,
+            r = check_done(&mut c.checking) => Wake::CheckDone(r),
         };
         match wake {
             Wake::Snapshot(snapshot) => {
@@ -432,21 +605,28 @@ pub async fn run(
                 } else if c.retry_at.is_some_and(|t| Instant::now() >= t) {
                     c.retry_at = None; // the end of a stall
                 }
-                if c.programmed_rev.is_some() && Instant::now() >= c.check_due {
-                    c.check_drift(&snapshot, "sync-period");
+                if c.programmed_rev.is_some()
+                    && c.checking.is_none()
+                    && Instant::now() >= c.check_due
+                {
+                    c.start_check(&snapshot, "sync-period");
                 }
                 latest = Some(snapshot);
             }
             Wake::CheckRequested => match &latest {
                 Some(s) if c.programmed_rev.is_some() => {
                     let s = s.clone();
-                    c.check_drift(&s, TRIGGER_REQUESTED);
+                    c.start_check(&s, TRIGGER_REQUESTED);
                 }
                 _ => tracing::info!(
                     "datapath drift check requested, but nothing is programmed yet (or a full sync after a failure is due anyway)"
                 ),
             },
-            Wake::NodeAddresses => match c.applier.node_addresses_changed() {
+            Wake::CheckDone(result) => {
+                let latest = latest.clone().filter(|_| c.programmed_rev.is_some());
+                c.check_finished(result, latest.as_deref());
+            }
+            Wake::NodeAddresses => match c.node_addresses_changed() {
                 Ok(true) => {
                     if let Some(s) = latest.clone().filter(|_| c.programmed_rev.is_some()) {
                         c.programmed_rev = None;

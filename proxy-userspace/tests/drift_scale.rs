@@ -6,6 +6,10 @@
 //! and repaired. (Changes by hand on both datapaths, through the daemon,
 //! are the e2e `drift-*` scenarios.)
 //!
+//! A drift check runs beside the applies: on nftables, a one-endpoint
+//! change published while a check runs is programmed in the time of a
+//! partial sync, not after the check, and is not taken for drift.
+//!
 //! nftables runs in a network namespace of its own; eBPF attaches to a
 //! cgroup and pins under a bpffs directory made for the test, both removed
 //! at the end.
@@ -17,14 +21,17 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ebpf_kube_proxy::apply::Applier;
+use ebpf_kube_proxy::apply::{self, Applier};
 use ebpf_kube_proxy::datapath::ebpf::{self, loader, EbpfConfig, EbpfDatapath};
 use ebpf_kube_proxy::datapath::nft::batch::{Batch, Element, Family};
+use ebpf_kube_proxy::datapath::nft::drift::{self, ElementData};
 use ebpf_kube_proxy::datapath::nft::expr::{key_bytes, KeyPart};
 use ebpf_kube_proxy::datapath::nft::rules::{self, TABLE};
 use ebpf_kube_proxy::datapath::nft::NftDatapath;
-use ebpf_kube_proxy::datapath::DriftKind;
+use ebpf_kube_proxy::datapath::{DriftKind, ProxyMode};
 use ebpf_kube_proxy::model::{compute, LocalState};
+use ebpf_kube_proxy::snapshot::{snapshot_channel, Snapshot};
+use ebpf_kube_proxy::status::{Status, StatusOptions};
 
 /// What one check may take at this size: about 0.4 s in a release build
 /// on a busy 2-core machine, 1.3 s unoptimized.
@@ -118,6 +125,157 @@ fn nftables_check_at_10k_services_is_clean_fast_and_finds_a_deleted_element() {
             // The full sync that follows repairs it.
             dp.apply(&full).expect("repair");
             assert_eq!(dp.verify().expect("verify"), vec![]);
+        })
+        .join()
+        .unwrap()
+    });
+}
+
+/// `full` with the last endpoint of its first service moved to `to`
+/// (every other service shared).
+fn one_endpoint_moved(full: &LocalState, to: std::net::IpAddr) -> LocalState {
+    let mut next = full.clone();
+    let mut se = (*next.services[0]).clone();
+    se.endpoints.last_mut().expect("an endpoint").ip = to;
+    next.services[0] = Arc::new(se);
+    next
+}
+
+/// The sum of `ebpf_kube_proxy_datapath_drift_total` over its kinds.
+fn drift_total(status: &Status) -> f64 {
+    let text = String::from_utf8(status.metrics().encode_all()).unwrap();
+    assert!(
+        text.contains("ebpf_kube_proxy_datapath_drift_total{"),
+        "{text}"
+    );
+    text.lines()
+        .filter(|l| l.starts_with("ebpf_kube_proxy_datapath_drift_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn nftables_change_during_a_drift_check_is_programmed_at_once_and_is_not_drift() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let full = state();
+    let moved_to: std::net::IpAddr = "10.250.0.1".parse().unwrap();
+    let next = Arc::new(one_endpoint_moved(&full, moved_to));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: unshare only moves this scoped test thread (and the
+            // threads it starts) into a fresh network namespace.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+            // How long one check takes here, in place.
+            let mut applier = Applier::new(Box::new(NftDatapath::open(Vec::new()).expect("open")));
+            applier.apply(&full).expect("full sync");
+            let started = Instant::now();
+            assert_eq!(applier.verify().expect("verify"), vec![]);
+            let check = started.elapsed();
+            println!(
+                "nftables: one drift check at {} services: {check:?}",
+                common::SERVICES
+            );
+            assert!(
+                check >= Duration::from_millis(300),
+                "a check this quick ({check:?}) cannot tell a change that waited for it"
+            );
+            // The coordinator runs on the runtime's workers; this thread
+            // publishes and watches, so a coordinator that blocks does not
+            // stop the clock.
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let status = Arc::new(
+                Status::new(StatusOptions {
+                    sync_period: Duration::from_secs(3600),
+                    requested_mode: ProxyMode::Nftables,
+                    active_mode: ProxyMode::Nftables,
+                    source: "file",
+                    resources: &["services"],
+                    families: vec![],
+                    flags: vec![],
+                })
+                .unwrap(),
+            );
+            let rev = || status.metrics().datapath_revision.get();
+            let (tx, rx) = snapshot_channel();
+            let (stop, checks) = (
+                tokio_util::sync::CancellationToken::new(),
+                Arc::new(tokio::sync::Notify::new()),
+            );
+            let task = rt.spawn(apply::run(
+                applier,
+                rx,
+                stop.clone(),
+                status.clone(),
+                Duration::from_secs(3600),
+                checks.clone(),
+                Arc::new(tokio::sync::Notify::new()),
+            ));
+            tx.send_replace(Arc::new(Snapshot {
+                rev: 1,
+                state: full.clone(),
+                changed: None,
+            }));
+            // Bounded: 60 s.
+            for _ in 0..3000 {
+                if rev() == 1 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert_eq!(rev(), 1, "the first full sync");
+
+            // A check (SIGHUP), and while it runs one endpoint moves.
+            checks.notify_one();
+            std::thread::sleep(Duration::from_millis(50));
+            let published = Instant::now();
+            tx.send_replace(Arc::new(Snapshot {
+                rev: 2,
+                state: next.clone(),
+                changed: Some(vec![next.services[0].service.key.clone()].into()),
+            }));
+            // Bounded: 30 s.
+            for _ in 0..30_000 {
+                if rev() == 2 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let latency = published.elapsed();
+            println!(
+                "nftables: one endpoint moved during a drift check: programmed after {latency:?}"
+            );
+            assert_eq!(rev(), 2);
+            assert!(
+                latency < check / 3,
+                "the change waited {latency:?} for a drift check of {check:?}"
+            );
+            // In the kernel: the frontend's last slot is the new address.
+            let listed = [rules::INTERNAL_ENDPOINTS].into_iter().collect();
+            let (found, _) = drift::read(Family::V4, &listed)
+                .expect("read back")
+                .expect("the table");
+            let value = key_bytes(&[KeyPart::Addr(moved_to), KeyPart::Port(8080)]);
+            assert!(
+                found
+                    .elements
+                    .values()
+                    .any(|d| *d == ElementData::Value(value.clone())),
+                "{moved_to} is not among the endpoints"
+            );
+
+            // The check (and one more, should it look again) ends without
+            // taking the change for drift.
+            std::thread::sleep(check * 3);
+            assert_eq!(drift_total(&status), 0.0, "the change was taken for drift");
+            stop.cancel();
+            rt.block_on(task).unwrap();
         })
         .join()
         .unwrap()

@@ -15,6 +15,7 @@ pub mod none;
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::model::claims::Claims;
 use crate::model::{LocalState, ObjectKey, ServiceEndpoints};
@@ -73,6 +74,12 @@ pub struct ServiceChange<'a> {
     pub next: Option<&'a ServiceEndpoints>,
 }
 
+/// A drift check detached from its datapath: it owns a copy of what the
+/// datapath programmed (the state, the claims, the datapath's own record)
+/// and reads the kernel back on a thread of its own, while the datapath
+/// goes on applying.
+pub type DriftCheck = Box<dyn FnOnce() -> Result<Vec<Drift>, DatapathError> + Send>;
+
 /// A datapath translates states into kernel writes; *when* and *what* to
 /// program is decided by the apply coordinator ([`crate::apply`]). Both
 /// calls program only the frontends `claims` says a service owns.
@@ -107,6 +114,14 @@ pub trait Datapath: Send {
         _claims: &Claims,
     ) -> Result<Vec<Drift>, DatapathError> {
         Ok(Vec::new())
+    }
+    /// [`Datapath::verify`] of `programmed` with `claims` (what the last
+    /// successful apply programmed) as a [`DriftCheck`] that runs away
+    /// from the datapath, so that applies need not wait for it; `None`
+    /// when this datapath checks only in place (the coordinator then
+    /// calls [`Datapath::verify`]).
+    fn drift_check(&self, _programmed: Arc<LocalState>, _claims: Claims) -> Option<DriftCheck> {
+        None
     }
     /// The node's addresses or interfaces changed (rtnetlink): follow
     /// them. `Ok(true)` when the programmed frontends depend on them (node

@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::batch::Family;
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct HairpinRefs {
     v4: HashMap<Ipv4Addr, u32>,
     v6: HashMap<Ipv6Addr, u32>,

@@ -53,10 +53,12 @@ pub use dump::{chains_of_listing, dump_tables, dump_text, render_tables, TableDu
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::{
-    ApplyStats, Datapath, DatapathConfig, DatapathError, Drift, Dump, ProxyMode, ServiceChange,
+    ApplyStats, Datapath, DatapathConfig, DatapathError, Drift, DriftCheck, Dump, ProxyMode,
+    ServiceChange,
 };
 use crate::model::claims::{Claims, Frontend, FrontendIp};
 use crate::model::{LocalState, ObjectKey, Protocol, ServiceEndpoints};
@@ -223,8 +225,9 @@ impl NftMetrics {
     }
 }
 
-/// The nftables datapath of a running daemon.
-#[derive(Debug)]
+/// The nftables datapath of a running daemon. A clone is what a drift
+/// check running beside the applies compares with.
+#[derive(Clone, Debug)]
 pub struct NftDatapath {
     metrics: Option<NftMetrics>,
     cluster_cidrs: Vec<Cidr>,
@@ -601,6 +604,16 @@ impl Datapath for NftDatapath {
         claims: &Claims,
     ) -> Result<Vec<Drift>, DatapathError> {
         Ok(drift::verify(self, programmed, claims)?)
+    }
+
+    /// The check owns a clone of this datapath's record (pick counts,
+    /// hairpin references, lost frontends) taken with `programmed`, so
+    /// the applies that follow do not change what it compares with.
+    fn drift_check(&self, programmed: Arc<LocalState>, claims: Claims) -> Option<DriftCheck> {
+        let dp = self.clone();
+        Some(Box::new(move || {
+            Ok(drift::verify(&dp, &programmed, &claims)?)
+        }))
     }
 
     fn dump(_: &DatapathConfig) -> Result<Option<Dump>, DatapathError> {
