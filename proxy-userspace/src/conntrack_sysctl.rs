@@ -18,8 +18,6 @@ use std::io::ErrorKind;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::config::{parse_duration, DaemonFlags};
-
 /// `/proc/sys/net/netfilter/`: per network namespace.
 pub const NETFILTER_SYSCTLS: &str = "/proc/sys/net/netfilter";
 /// The hash table size: global, writable only from the initial network
@@ -41,29 +39,6 @@ pub struct ConntrackSettings {
 }
 
 impl ConntrackSettings {
-    /// The settings of `flags`; `Err((flag, reason))` names a bad one.
-    pub fn from_flags(f: &DaemonFlags) -> Result<Self, (&'static str, String)> {
-        let duration = |flag: &'static str, v: &str| parse_duration(v).map_err(|r| (flag, r));
-        Ok(ConntrackSettings {
-            max_per_core: f.conntrack_max_per_core,
-            min: f.conntrack_min,
-            tcp_established_timeout: duration(
-                "conntrack-tcp-timeout-established",
-                &f.conntrack_tcp_timeout_established,
-            )?,
-            tcp_close_wait_timeout: duration(
-                "conntrack-tcp-timeout-close-wait",
-                &f.conntrack_tcp_timeout_close_wait,
-            )?,
-            udp_timeout: duration("conntrack-udp-timeout", &f.conntrack_udp_timeout)?,
-            udp_stream_timeout: duration(
-                "conntrack-udp-timeout-stream",
-                &f.conntrack_udp_timeout_stream,
-            )?,
-            tcp_be_liberal: f.conntrack_tcp_be_liberal,
-        })
-    }
-
     /// kube-proxy's `nf_conntrack_max`: maxPerCore × CPUs, at least `min`;
     /// `None` when maxPerCore is 0.
     pub fn max(&self, cpus: u64) -> Option<u64> {

@@ -272,6 +272,33 @@ fn primary_ips(bind: IpAddr) -> Vec<IpAddr> {
         .collect()
 }
 
+// Here, not in conntrack_sysctl.rs: the flags are the config's, and the
+// sysctl module stays below it.
+impl crate::conntrack_sysctl::ConntrackSettings {
+    /// The settings of `flags`; `Err((flag, reason))` names a bad one.
+    pub fn from_flags(f: &DaemonFlags) -> Result<Self, (&'static str, String)> {
+        let duration = |flag: &'static str, v: &str| parse_duration(v).map_err(|r| (flag, r));
+        Ok(Self {
+            max_per_core: f.conntrack_max_per_core,
+            min: f.conntrack_min,
+            tcp_established_timeout: duration(
+                "conntrack-tcp-timeout-established",
+                &f.conntrack_tcp_timeout_established,
+            )?,
+            tcp_close_wait_timeout: duration(
+                "conntrack-tcp-timeout-close-wait",
+                &f.conntrack_tcp_timeout_close_wait,
+            )?,
+            udp_timeout: duration("conntrack-udp-timeout", &f.conntrack_udp_timeout)?,
+            udp_stream_timeout: duration(
+                "conntrack-udp-timeout-stream",
+                &f.conntrack_udp_timeout_stream,
+            )?,
+            tcp_be_liberal: f.conntrack_tcp_be_liberal,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
