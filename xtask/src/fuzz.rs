@@ -20,7 +20,7 @@ use crate::ebpf::{ensure_nightly, rustup, NIGHTLY};
 use crate::run;
 
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
-/// Per target, by default: the 7 targets stay under two minutes together.
+/// Per target, by default: the 8 targets take two minutes together.
 pub const DEFAULT_SECONDS: u64 = 15;
 /// Per target in `cargo xtask test`: a smoke run, about half a minute in all.
 pub const TEST_SECONDS: u64 = 4;
