@@ -536,7 +536,8 @@ fn every_dashboard_metric_is_on_a_running_daemons_metrics_page() {
     let exported = families_of_a_busy_daemon();
     let missing: Vec<&String> = wanted.difference(&exported).collect();
     // The eBPF programs' counters exist on the eBPF datapath only; the e2e
-    // suite checks them there (clusterip-tcp-spreads-over-endpoints).
+    // conformance run checks them there ("[sig-network] Networking Granular
+    // Checks: Services should function for node-Service: http").
     assert_eq!(
         missing,
         ["ebpf_kube_proxy_datapath_connections_total"],
