@@ -135,25 +135,12 @@ fn build(env: &mut Env) {
         (REMOTE_NS, "addr add 10.77.2.10/32 dev lo"),
         (REMOTE_NS, "route add default via 192.168.78.1"),
     ];
-    for (short, command) in config {
-        let args: Vec<&str> = command.split_whitespace().collect();
-        env.ip(short, &args);
-    }
+    env.ip_all(&config);
 }
 
 /// A client in the client namespace.
 fn client(env: &Env, args: &[&str]) -> Value {
-    let out = env
-        .python(CLIENT_NS, CLIENT)
-        .args(args)
-        .output()
-        .expect("running a client");
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "client {args:?}: {e}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    env.python_json(CLIENT_NS, CLIENT, args)
 }
 
 struct Ep {

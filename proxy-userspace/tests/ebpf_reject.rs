@@ -107,24 +107,12 @@ fn build(env: &mut Env) {
         (NODE_NS, "addr add 192.168.79.1/24 dev n0"),
         (NODE_NS, "addr add fd79::1/64 dev n0 nodad"),
     ];
-    for (short, command) in config {
-        let args: Vec<&str> = command.split_whitespace().collect();
-        env.ip(short, &args);
-    }
+    env.ip_all(&config);
 }
 
+/// A client in the client namespace.
 fn client(env: &Env, args: &[&str]) -> Value {
-    let out = env
-        .python(CLIENT_NS, CLIENT)
-        .args(args)
-        .output()
-        .expect("running a client");
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "client {args:?}: {e}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    env.python_json(CLIENT_NS, CLIENT, args)
 }
 
 /// A NodePort service with one port (TCP or UDP) 80, node port `node_port`.

@@ -99,10 +99,7 @@ fn build(env: &mut Env) {
         (POD_NS, "addr add 10.80.1.11/24 dev p0"),
         (POD_NS, "route add default via 10.80.1.1"),
     ];
-    for (short, command) in config {
-        let args: Vec<&str> = command.split_whitespace().collect();
-        env.ip(short, &args);
-    }
+    env.ip_all(&config);
 }
 
 /// A NodePort service, port 80 (TCP or UDP), node port `node_port`, with

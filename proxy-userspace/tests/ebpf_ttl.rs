@@ -98,10 +98,7 @@ fn build(env: &mut Env) {
         (REMOTE_NS, "route add default via 192.168.82.1"),
         (REMOTE_NS, "-6 route add default via fd82::1"),
     ];
-    for (short, command) in config {
-        let args: Vec<&str> = command.split_whitespace().collect();
-        env.ip(short, &args);
-    }
+    env.ip_all(&config);
 }
 
 /// A UDP NodePort service whose one endpoint runs on another node.
@@ -112,18 +109,9 @@ fn service(name: &str, node_port: u16, backend: &str) -> ServiceEndpoints {
         .with_ready_endpoint(backend, 8080, false)
 }
 
+/// A client in the client namespace.
 fn client(env: &Env, args: &[&str]) -> Value {
-    let out = env
-        .python(CLIENT_NS, CLIENT)
-        .args(args)
-        .output()
-        .expect("running a client");
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "client {args:?}: {e}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    env.python_json(CLIENT_NS, CLIENT, args)
 }
 
 #[test]

@@ -24,34 +24,6 @@ async fn start(api: &FakeApiServer) -> Daemon {
     Daemon::start_kube(dir, &kubeconfig, &[])
 }
 
-/// Waits (bounded) for a state newer than (i, r) that satisfies `pred`.
-async fn wait_state(
-    d: &Daemon,
-    mut i: u64,
-    mut r: u64,
-    within: Duration,
-    pred: impl Fn(&State) -> bool,
-) -> State {
-    let deadline = Instant::now() + within;
-    let mut c = d.tcp().await;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let s = tokio::time::timeout(left, client::next(&mut c, i, r))
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "no matching state within {within:?}; log:\n{}",
-                    d.log_text()
-                )
-            })
-            .unwrap();
-        if pred(&s) {
-            return s;
-        }
-        (i, r) = (s.instance_id, s.rev);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_from_the_api_server_reach_the_localnet_api_within_a_second() {
     let api = FakeApiServer::start().await;
@@ -65,7 +37,9 @@ async fn objects_from_the_api_server_reach_the_localnet_api_within_a_second() {
     api.apply(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"}, "spec": {"nodeName": "n1", "containers": []}}));
     let d = start(&api).await;
 
-    let s = wait_state(&d, 0, 0, Duration::from_secs(10), |_| true).await;
+    let s = d
+        .wait_state((0, 0), Duration::from_secs(10), |_| true)
+        .await;
     assert_eq!(names(&s), ["web"]);
     assert_eq!(s.services[0].endpoints[0].ip, "10.244.2.1");
 
@@ -75,18 +49,20 @@ async fn objects_from_the_api_server_reach_the_localnet_api_within_a_second() {
         "web",
         &["10.244.2.1".into(), "10.244.2.2".into()],
     ));
-    let s2 = wait_state(&d, s.instance_id, s.rev, Duration::from_secs(1), |s| {
-        s.services[0].endpoints.len() == 2
-    })
-    .await;
+    let s2 = d
+        .wait_state((s.instance_id, s.rev), Duration::from_secs(1), |s| {
+            s.services[0].endpoints.len() == 2
+        })
+        .await;
     assert!(changed.elapsed() < Duration::from_secs(1));
     assert_eq!(s2.rev, s.rev + 1);
 
     api.delete("Service", "default", "web");
-    let s3 = wait_state(&d, s2.instance_id, s2.rev, Duration::from_secs(1), |s| {
-        s.services.is_empty()
-    })
-    .await;
+    let s3 = d
+        .wait_state((s2.instance_id, s2.rev), Duration::from_secs(1), |s| {
+            s.services.is_empty()
+        })
+        .await;
     assert!(s3.rev > s2.rev);
 }
 
@@ -102,7 +78,9 @@ async fn a_dropped_watch_and_410_gone_relist_without_partial_state() {
     }
     api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
     let d = start(&api).await;
-    let s = wait_state(&d, 0, 0, Duration::from_secs(10), |_| true).await;
+    let s = d
+        .wait_state((0, 0), Duration::from_secs(10), |_| true)
+        .await;
     assert_eq!(s.services.len(), 20);
 
     // Watch every frame from now on: none may ever lack a service.
@@ -165,7 +143,9 @@ async fn an_api_server_outage_keeps_the_state_and_recovers_without_restart() {
     api.apply(service("default", "web", "10.96.0.10"));
     api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
     let d = start(&api).await;
-    let s = wait_state(&d, 0, 0, Duration::from_secs(10), |_| true).await;
+    let s = d
+        .wait_state((0, 0), Duration::from_secs(10), |_| true)
+        .await;
 
     let in_sync = |d: &Daemon| {
         let m = common::get(d.metrics, "/metrics").text();
@@ -193,10 +173,11 @@ async fn an_api_server_outage_keeps_the_state_and_recovers_without_restart() {
     api.set_down(false);
     api.apply(service("default", "after", "10.96.0.11"));
     // Backoff after 5 s of failures stays well under 10 s.
-    let after = wait_state(&d, s.instance_id, s.rev, Duration::from_secs(15), |s| {
-        s.services.len() == 2
-    })
-    .await;
+    let after = d
+        .wait_state((s.instance_id, s.rev), Duration::from_secs(15), |s| {
+            s.services.len() == 2
+        })
+        .await;
     assert_eq!(names(&after), ["after", "web"]);
     assert!(in_sync(&d), "recovered watches show in sync again");
     assert!(
@@ -265,7 +246,9 @@ async fn start_with(services: &[(&str, &str)]) -> (FakeApiServer, Daemon, State)
     }
     api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
     let d = start(&api).await;
-    let s = wait_state(&d, 0, 0, Duration::from_secs(10), |_| true).await;
+    let s = d
+        .wait_state((0, 0), Duration::from_secs(10), |_| true)
+        .await;
     (api, d, s)
 }
 
@@ -287,10 +270,11 @@ async fn a_relist_takes_in_only_what_changed_while_the_watch_was_down() {
         api.apply(service("default", "svc-new", "10.96.1.2"));
     });
 
-    let after = wait_state(&d, s.instance_id, s.rev, Duration::from_secs(10), |s| {
-        names(s).contains(&"svc-new".to_owned())
-    })
-    .await;
+    let after = d
+        .wait_state((s.instance_id, s.rev), Duration::from_secs(10), |s| {
+            names(s).contains(&"svc-new".to_owned())
+        })
+        .await;
     let n = names(&after);
     assert_eq!(n.len(), 20, "{n:?}");
     assert!(!n.contains(&"svc-02".to_owned()), "{n:?}");
@@ -320,10 +304,11 @@ async fn a_relist_keeps_the_last_good_version_of_an_object_now_invalid() {
         api.apply(service("default", "new", "10.96.0.12"));
     });
 
-    let after = wait_state(&d, s.instance_id, s.rev, Duration::from_secs(10), |s| {
-        names(s).contains(&"new".to_owned())
-    })
-    .await;
+    let after = d
+        .wait_state((s.instance_id, s.rev), Duration::from_secs(10), |s| {
+            names(s).contains(&"new".to_owned())
+        })
+        .await;
     assert_eq!(
         names(&after),
         ["keep", "new"],
@@ -356,10 +341,11 @@ async fn deleting_an_object_whose_current_version_is_invalid_removes_it() {
     assert_eq!(rejected(&d, "invalid_object", 1.0).await, 1.0);
 
     api.delete("Service", "default", "web");
-    let after = wait_state(&d, s.instance_id, s.rev, Duration::from_secs(5), |s| {
-        names(s) == ["api"]
-    })
-    .await;
+    let after = d
+        .wait_state((s.instance_id, s.rev), Duration::from_secs(5), |s| {
+            names(s) == ["api"]
+        })
+        .await;
     assert!(after.rev > s.rev);
 }
 
@@ -381,10 +367,11 @@ async fn an_undecodable_service_does_not_stall_the_others() {
     scalar["spec"]["ports"] = json!("x");
     api.apply(scalar);
     api.apply(service("default", "after", "10.96.0.11"));
-    let s2 = wait_state(&d, s.instance_id, s.rev, Duration::from_secs(5), |s| {
-        names(s).contains(&"after".to_owned())
-    })
-    .await;
+    let s2 = d
+        .wait_state((s.instance_id, s.rev), Duration::from_secs(5), |s| {
+            names(s).contains(&"after".to_owned())
+        })
+        .await;
     assert_eq!(names(&s2), ["after", "web"]);
     wait_log(&d, "Service default/bad: ").await;
     wait_log(&d, "Service default/worse: ").await;
@@ -395,10 +382,11 @@ async fn an_undecodable_service_does_not_stall_the_others() {
     relist_with(&api, |api| {
         api.apply(service("default", "later", "10.96.0.12"))
     });
-    let s3 = wait_state(&d, s2.instance_id, s2.rev, Duration::from_secs(10), |s| {
-        names(s).contains(&"later".to_owned())
-    })
-    .await;
+    let s3 = d
+        .wait_state((s2.instance_id, s2.rev), Duration::from_secs(10), |s| {
+            names(s).contains(&"later".to_owned())
+        })
+        .await;
     assert_eq!(names(&s3), ["after", "later", "web"]);
     assert_eq!(
         rejected(&d, "undecodable", 4.0).await,
@@ -442,10 +430,9 @@ async fn a_twelve_megabyte_list_in_one_piece_syncs_whole() {
     api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
     let d = start(&api).await;
 
-    let s = wait_state(&d, 0, 0, Duration::from_secs(30), |s| {
-        s.services.len() == 502
-    })
-    .await;
+    let s = d
+        .wait_state((0, 0), Duration::from_secs(30), |s| s.services.len() == 502)
+        .await;
     for svc in &s.services {
         let name = &svc.service.as_ref().unwrap().name;
         let want = if name.starts_with("svc-") { 4 } else { 0 };
@@ -492,7 +479,9 @@ async fn addresses_with_leading_zeros_are_read_as_decimal() {
         "status": {"addresses": [{"type": "InternalIP", "address": "192.168.001.002"}]}}));
     let d = start(&api).await;
 
-    let s = wait_state(&d, 0, 0, Duration::from_secs(10), |_| true).await;
+    let s = d
+        .wait_state((0, 0), Duration::from_secs(10), |_| true)
+        .await;
     assert_eq!(names(&s), ["web"], "log:\n{}", d.log_text());
     assert_eq!(cluster_ip(&s, "web"), "10.96.0.10");
     let web = s.services[0].service.as_ref().unwrap();

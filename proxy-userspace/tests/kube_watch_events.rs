@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::fake_apiserver::{service_object as service, FakeApiServer};
 use common::Daemon;
-use ebpf_kube_proxy::localnet::client::{self, State};
+use ebpf_kube_proxy::localnet::client::State;
 use serde_json::json;
 
 fn names(s: &State) -> Vec<String> {
@@ -23,33 +23,6 @@ async fn start(api: &FakeApiServer) -> Daemon {
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
     Daemon::start_kube(dir, &kubeconfig, &[])
-}
-
-/// Waits (bounded) for a state newer than (i, r) that satisfies `pred`.
-async fn wait_state(
-    d: &Daemon,
-    (mut i, mut r): (u64, u64),
-    within: Duration,
-    pred: impl Fn(&State) -> bool,
-) -> State {
-    let deadline = Instant::now() + within;
-    let mut c = d.tcp().await;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let s = tokio::time::timeout(left, client::next(&mut c, i, r))
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "no matching state within {within:?}; log:\n{}",
-                    d.log_text()
-                )
-            })
-            .unwrap();
-        if pred(&s) {
-            return s;
-        }
-        (i, r) = (s.instance_id, s.rev);
-    }
 }
 
 /// `ebpf_kube_proxy_rejected_objects_total{reason, source="kube"}` once it
@@ -74,7 +47,9 @@ async fn start_with_web() -> (FakeApiServer, Daemon, State) {
     api.apply(service("default", "web", "10.96.0.10"));
     api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
     let d = start(&api).await;
-    let s = wait_state(&d, (0, 0), Duration::from_secs(10), |_| true).await;
+    let s = d
+        .wait_state((0, 0), Duration::from_secs(10), |_| true)
+        .await;
     (api, d, s)
 }
 
@@ -88,10 +63,11 @@ async fn a_watch_event_of_an_unknown_type_is_logged_once_and_counted() {
 
     api.send_event("RESYNC", service("default", "ghost", "10.96.0.30"));
     api.apply(service("default", "after", "10.96.0.11"));
-    let s2 = wait_state(&d, (s.instance_id, s.rev), Duration::from_secs(10), |s| {
-        names(s).contains(&"after".to_owned())
-    })
-    .await;
+    let s2 = d
+        .wait_state((s.instance_id, s.rev), Duration::from_secs(10), |s| {
+            names(s).contains(&"after".to_owned())
+        })
+        .await;
     assert_eq!(
         names(&s2),
         ["after", "web"],
@@ -127,7 +103,7 @@ async fn an_api_server_outage_writes_a_few_lines_not_a_flood() {
     api.set_down(false);
     api.apply(service("default", "after", "10.96.0.11"));
     // Backoff after 20 s of failures: the next try may be 10–20 s away.
-    wait_state(&d, (s.instance_id, s.rev), Duration::from_secs(30), |s| {
+    d.wait_state((s.instance_id, s.rev), Duration::from_secs(30), |s| {
         s.services.len() == 2
     })
     .await;

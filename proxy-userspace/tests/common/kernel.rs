@@ -132,6 +132,31 @@ impl Env {
         self.netns.ip(&self.ns(short), args).unwrap();
     }
 
+    /// Runs each `(namespace short, "ip arguments")` of `config` in order
+    /// (the arguments split at white space); each must succeed.
+    pub fn ip_all(&self, config: &[(&str, &str)]) {
+        for (short, command) in config {
+            let args: Vec<&str> = command.split_whitespace().collect();
+            self.ip(short, &args);
+        }
+    }
+
+    /// Runs `python3 -c script args...` in namespace `short` to its end
+    /// and reads the one JSON value it prints.
+    pub fn python_json(&self, short: &str, script: &str, args: &[&str]) -> Value {
+        let out = self
+            .python(short, script)
+            .args(args)
+            .output()
+            .expect("running a client");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "client {args:?}: {e}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+
     /// `python3 -c script` in namespace `short`, entered with nsenter
     /// (`ip netns exec` would hide the cgroup2 and bpffs mounts); add the
     /// script's arguments.

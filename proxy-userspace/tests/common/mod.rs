@@ -194,6 +194,34 @@ impl Daemon {
             .unwrap()
     }
 
+    /// Waits (bounded) for a state newer than (instance, rev) that
+    /// satisfies `pred`, over localnet `Next` on TCP.
+    pub async fn wait_state(
+        &self,
+        (mut i, mut r): (u64, u64),
+        within: Duration,
+        pred: impl Fn(&client::State) -> bool,
+    ) -> client::State {
+        let deadline = Instant::now() + within;
+        let mut c = self.tcp().await;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let s = tokio::time::timeout(left, client::next(&mut c, i, r))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "no matching state within {within:?}; log:\n{}",
+                        self.log_text()
+                    )
+                })
+                .unwrap();
+            if pred(&s) {
+                return s;
+            }
+            (i, r) = (s.instance_id, s.rev);
+        }
+    }
+
     pub async fn unix(&self) -> EndpointsClient<Channel> {
         client::connect(&Target::Unix(self.socket.clone()))
             .await
