@@ -6,23 +6,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::fake_apiserver::{service_object as service, slice_object as slice, FakeApiServer};
-use common::Daemon;
+use common::{service_names as names, Daemon};
 use ebpf_kube_proxy::localnet::client::{self, State};
 use serde_json::json;
-
-fn names(s: &State) -> Vec<String> {
-    s.services
-        .iter()
-        .map(|s| s.service.as_ref().unwrap().name.clone())
-        .collect()
-}
-
-async fn start(api: &FakeApiServer) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
-    Daemon::start_kube(dir, &kubeconfig, &[])
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_from_the_api_server_reach_the_localnet_api_within_a_second() {
@@ -35,7 +21,7 @@ async fn objects_from_the_api_server_reach_the_localnet_api_within_a_second() {
     api.apply(other);
     api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"topology.kubernetes.io/zone": "a"}}}));
     api.apply(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"}, "spec": {"nodeName": "n1", "containers": []}}));
-    let d = start(&api).await;
+    let d = Daemon::start_on(&api);
 
     let s = d
         .wait_state((0, 0), Duration::from_secs(10), |_| true)
@@ -77,7 +63,7 @@ async fn a_dropped_watch_and_410_gone_relist_without_partial_state() {
         ));
     }
     api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
-    let d = start(&api).await;
+    let d = Daemon::start_on(&api);
     let s = d
         .wait_state((0, 0), Duration::from_secs(10), |_| true)
         .await;
@@ -142,7 +128,7 @@ async fn an_api_server_outage_keeps_the_state_and_recovers_without_restart() {
     let api = FakeApiServer::start().await;
     api.apply(service("default", "web", "10.96.0.10"));
     api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
-    let d = start(&api).await;
+    let d = Daemon::start_on(&api);
     let s = d
         .wait_state((0, 0), Duration::from_secs(10), |_| true)
         .await;
@@ -237,21 +223,6 @@ fn relist_with(api: &FakeApiServer, during: impl FnOnce(&FakeApiServer)) {
     api.set_down(false);
 }
 
-/// A fake API server holding node n1 and the ClusterIP services
-/// (name, address) of `default`, and the daemon on it with its first state.
-async fn start_with(services: &[(&str, &str)]) -> (FakeApiServer, Daemon, State) {
-    let api = FakeApiServer::start().await;
-    for (name, ip) in services {
-        api.apply(service("default", name, ip));
-    }
-    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
-    let d = start(&api).await;
-    let s = d
-        .wait_state((0, 0), Duration::from_secs(10), |_| true)
-        .await;
-    (api, d, s)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relist_takes_in_only_what_changed_while_the_watch_was_down() {
     let services: Vec<(String, String)> = (0..20)
@@ -261,7 +232,7 @@ async fn a_relist_takes_in_only_what_changed_while_the_watch_was_down() {
         .iter()
         .map(|(n, ip)| (n.as_str(), ip.as_str()))
         .collect();
-    let (api, d, s) = start_with(&refs).await;
+    let (api, d, s) = common::kube_daemon_with(&refs).await;
     assert_eq!(s.services.len(), 20);
 
     relist_with(&api, |api| {
@@ -291,7 +262,8 @@ async fn a_relist_takes_in_only_what_changed_while_the_watch_was_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relist_keeps_the_last_good_version_of_an_object_now_invalid() {
-    let (api, d, s) = start_with(&[("keep", "10.96.0.10"), ("gone", "10.96.0.11")]).await;
+    let (api, d, s) =
+        common::kube_daemon_with(&[("keep", "10.96.0.10"), ("gone", "10.96.0.11")]).await;
     assert_eq!(names(&s), ["gone", "keep"]);
 
     relist_with(&api, |api| {
@@ -326,7 +298,8 @@ async fn a_relist_keeps_the_last_good_version_of_an_object_now_invalid() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_an_object_whose_current_version_is_invalid_removes_it() {
-    let (api, d, s) = start_with(&[("web", "10.96.0.10"), ("api", "10.96.0.11")]).await;
+    let (api, d, s) =
+        common::kube_daemon_with(&[("web", "10.96.0.10"), ("api", "10.96.0.11")]).await;
     assert_eq!(names(&s), ["api", "web"]);
     assert_eq!(
         rejected(&d, "invalid_object", 0.0).await,
@@ -351,7 +324,7 @@ async fn deleting_an_object_whose_current_version_is_invalid_removes_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_service_does_not_stall_the_others() {
-    let (api, d, s) = start_with(&[("web", "10.96.0.10")]).await;
+    let (api, d, s) = common::kube_daemon_with(&[("web", "10.96.0.10")]).await;
     assert_eq!(
         rejected(&d, "undecodable", 0.0).await,
         0.0,
@@ -428,7 +401,7 @@ async fn a_twelve_megabyte_list_in_one_piece_syncs_whole() {
         api.apply(bad);
     }
     api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
-    let d = start(&api).await;
+    let d = Daemon::start_on(&api);
 
     let s = d
         .wait_state((0, 0), Duration::from_secs(30), |s| s.services.len() == 502)
@@ -477,7 +450,7 @@ async fn addresses_with_leading_zeros_are_read_as_decimal() {
     api.apply(json!({"apiVersion": "v1", "kind": "Node",
         "metadata": {"name": "n1"},
         "status": {"addresses": [{"type": "InternalIP", "address": "192.168.001.002"}]}}));
-    let d = start(&api).await;
+    let d = Daemon::start_on(&api);
 
     let s = d
         .wait_state((0, 0), Duration::from_secs(10), |_| true)

@@ -6,24 +6,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fake_apiserver::{service_object as service, FakeApiServer};
-use common::Daemon;
-use ebpf_kube_proxy::localnet::client::State;
-use serde_json::json;
-
-fn names(s: &State) -> Vec<String> {
-    s.services
-        .iter()
-        .map(|s| s.service.as_ref().unwrap().name.clone())
-        .collect()
-}
-
-async fn start(api: &FakeApiServer) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
-    Daemon::start_kube(dir, &kubeconfig, &[])
-}
+use common::fake_apiserver::service_object as service;
+use common::{service_names as names, Daemon};
 
 /// `ebpf_kube_proxy_rejected_objects_total{reason, source="kube"}` once it
 /// is at least `min` (bounded wait).
@@ -42,23 +26,12 @@ async fn rejected(d: &Daemon, reason: &str, min: f64) -> f64 {
     }
 }
 
-async fn start_with_web() -> (FakeApiServer, Daemon, State) {
-    let api = FakeApiServer::start().await;
-    api.apply(service("default", "web", "10.96.0.10"));
-    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
-    let d = start(&api).await;
-    let s = d
-        .wait_state((0, 0), Duration::from_secs(10), |_| true)
-        .await;
-    (api, d, s)
-}
-
 /// A watch event of a type the API does not define is logged once with
 /// its type and counted as `undecodable`; it changes nothing, is not a
 /// watch error (no staleness, no backoff), and the events after it flow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_event_of_an_unknown_type_is_logged_once_and_counted() {
-    let (api, d, s) = start_with_web().await;
+    let (api, d, s) = common::kube_daemon_with(&[("web", "10.96.0.10")]).await;
     assert_eq!(rejected(&d, "undecodable", 0.0).await, 0.0);
 
     api.send_event("RESYNC", service("default", "ghost", "10.96.0.30"));
@@ -94,7 +67,7 @@ async fn a_watch_event_of_an_unknown_type_is_logged_once_and_counted() {
 /// The tests run the daemon with `RUST_LOG=info`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_server_outage_writes_a_few_lines_not_a_flood() {
-    let (api, d, s) = start_with_web().await;
+    let (api, d, s) = common::kube_daemon_with(&[("web", "10.96.0.10")]).await;
     let before = d.log_text().lines().count();
     api.set_down(true);
     tokio::time::sleep(Duration::from_secs(20)).await;

@@ -222,6 +222,15 @@ impl Daemon {
         }
     }
 
+    /// The daemon on the kube source against `api` (a kubeconfig for it in
+    /// the daemon's own directory).
+    pub fn start_on(api: &fake_apiserver::FakeApiServer) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig);
+        Daemon::start_kube(dir, &kubeconfig, &[])
+    }
+
     pub async fn unix(&self) -> EndpointsClient<Channel> {
         client::connect(&Target::Unix(self.socket.clone()))
             .await
@@ -398,4 +407,29 @@ pub async fn watch_all(
     .await
     .unwrap()
     .into_inner()
+}
+
+/// The names of a state's services, in its order.
+pub fn service_names(s: &client::State) -> Vec<String> {
+    s.services
+        .iter()
+        .map(|s| s.service.as_ref().unwrap().name.clone())
+        .collect()
+}
+
+/// A fake API server holding node n1 and the ClusterIP services
+/// (name, address) of `default`, and the daemon on it with its first state.
+pub async fn kube_daemon_with(
+    services: &[(&str, &str)],
+) -> (fake_apiserver::FakeApiServer, Daemon, client::State) {
+    let api = fake_apiserver::FakeApiServer::start().await;
+    for (name, ip) in services {
+        api.apply(fake_apiserver::service_object("default", name, ip));
+    }
+    api.apply(serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let d = Daemon::start_on(&api);
+    let s = d
+        .wait_state((0, 0), Duration::from_secs(10), |_| true)
+        .await;
+    (api, d, s)
 }
