@@ -1,6 +1,7 @@
 //! The netexec client as the scenarios use it, and what its answers mean.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
@@ -206,4 +207,35 @@ pub(super) fn assert_dropped(r: &Results, what: &str) -> Result<()> {
         refused.first()
     );
     Ok(())
+}
+
+/// A UDP client that keeps its socket (and so its source port), sending
+/// every 50 ms for `ms`.
+pub(super) fn udp_client(bed: &Bed, netns: Option<&str>, target: &str, ms: u32) -> Result<Child> {
+    bed.spawn_client(
+        netns,
+        &[
+            "--proto",
+            "udp",
+            "--target",
+            target,
+            "--duration-ms",
+            &ms.to_string(),
+            "--interval-ms",
+            "50",
+            "--timeout-ms",
+            "200",
+            "--reuse",
+        ],
+    )
+}
+
+/// The last 10 answers of a client started by [`udp_client`].
+pub(super) fn tail_of(client: Child) -> Result<Results> {
+    let out = client.wait_with_output()?;
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    Ok(Results::parse(&lines[lines.len().saturating_sub(10)..]))
 }

@@ -260,30 +260,10 @@ pub(super) fn udp_endpoint_replaced(bed: &mut Bed) -> Result<()> {
     };
     apply_service(bed, &svc, false, &[(0, "node-1")])?;
     wait_until_served(bed, "udp", "10.96.0.70:53", Duration::from_secs(5))?;
-    let client = bed.spawn_client(
-        None,
-        &[
-            "--proto",
-            "udp",
-            "--target",
-            "10.96.0.70:53",
-            "--duration-ms",
-            "4000",
-            "--interval-ms",
-            "50",
-            "--timeout-ms",
-            "200",
-            "--reuse",
-        ],
-    )?;
+    let client = udp_client(bed, None, "10.96.0.70:53", 4000)?;
     std::thread::sleep(Duration::from_millis(1000));
     apply_service(bed, &svc, false, &[(1, "node-1")])?;
-    let out = client.wait_with_output()?;
-    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    let tail = Results::parse(&lines[lines.len().saturating_sub(10)..]);
+    let tail = tail_of(client)?;
     let pods: Vec<String> = tail.pods().into_keys().collect();
     ensure!(
         pods == ["pod2"],

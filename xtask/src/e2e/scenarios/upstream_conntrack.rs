@@ -2,44 +2,13 @@
 //! source port across backend changes, the INVALID-state remedy and the
 //! conntrack timeouts kube-proxy sets.
 
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 
 use super::*;
 use crate::e2e::bed::NODE_EXTERNAL_IP;
-
-/// A UDP client that keeps its socket (and so its source port), sending
-/// every 50 ms for `ms`.
-fn udp_client(bed: &Bed, netns: &str, target: &str, ms: u32) -> Result<Child> {
-    bed.spawn_client(
-        Some(netns),
-        &[
-            "--proto",
-            "udp",
-            "--target",
-            target,
-            "--duration-ms",
-            &ms.to_string(),
-            "--interval-ms",
-            "50",
-            "--timeout-ms",
-            "200",
-            "--reuse",
-        ],
-    )
-}
-
-/// The last 10 answers of a client started by [`udp_client`].
-fn tail_of(client: Child) -> Result<Results> {
-    let out = client.wait_with_output()?;
-    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    Ok(Results::parse(&lines[lines.len().saturating_sub(10)..]))
-}
 
 /// From outside, a UDP client keeping its source port sends to node 1's
 /// NodePort; its endpoint pod1 is replaced by pod2 (pod1 still answers,
@@ -64,7 +33,7 @@ pub(super) fn udp_nodeport_server_cycles(bed: &mut Bed) -> Result<()> {
         Duration::from_secs(5),
         DROP_TIMEOUT,
     )?;
-    let client = udp_client(bed, &outside, &target, 5000)?;
+    let client = udp_client(bed, Some(&outside), &target, 5000)?;
     std::thread::sleep(Duration::from_millis(1000));
     apply_service(bed, &s, false, &[(1, "node-1")])?;
     let tail = tail_of(client)?;
@@ -109,8 +78,8 @@ pub(super) fn udp_nodeport_target_port_changes(bed: &mut Bed) -> Result<()> {
         )?;
     }
     let clients = [
-        ("outside", udp_client(bed, &outside, &target, 5000)?),
-        ("pod2", udp_client(bed, &pod, &target, 5000)?),
+        ("outside", udp_client(bed, Some(&outside), &target, 5000)?),
+        ("pod2", udp_client(bed, Some(&pod), &target, 5000)?),
     ];
     std::thread::sleep(Duration::from_millis(1000));
     apply_service(bed, &after, false, &[(0, "node-1")])?;

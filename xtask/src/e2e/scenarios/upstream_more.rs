@@ -300,30 +300,10 @@ fn udp_server_cycles(
         Duration::from_secs(5),
         DROP_TIMEOUT,
     )?;
-    let client = bed.spawn_client(
-        netns,
-        &[
-            "--proto",
-            "udp",
-            "--target",
-            "10.96.1.170:80",
-            "--duration-ms",
-            "4000",
-            "--interval-ms",
-            "50",
-            "--timeout-ms",
-            "200",
-            "--reuse",
-        ],
-    )?;
+    let client = udp_client(bed, netns, "10.96.1.170:80", 4000)?;
     std::thread::sleep(Duration::from_millis(1000));
     apply_service(bed, &s, false, after)?;
-    let out = client.wait_with_output()?;
-    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    let tail = Results::parse(&lines[lines.len().saturating_sub(10)..]);
+    let tail = tail_of(client)?;
     let pods: Vec<String> = tail.pods().into_keys().collect();
     ensure!(
         pods == ["pod2"],
@@ -349,30 +329,10 @@ pub(super) fn udp_unready_endpoint_gets_ready(bed: &mut Bed) -> Result<()> {
     bed.apply_manifests(&manifests("{ready: false}"))?;
     std::thread::sleep(Duration::from_millis(500));
     let client_ns = exec_pod(bed);
-    let client = bed.spawn_client(
-        Some(&client_ns),
-        &[
-            "--proto",
-            "udp",
-            "--target",
-            "10.96.1.171:80",
-            "--duration-ms",
-            "4000",
-            "--interval-ms",
-            "50",
-            "--timeout-ms",
-            "200",
-            "--reuse",
-        ],
-    )?;
+    let client = udp_client(bed, Some(&client_ns), "10.96.1.171:80", 4000)?;
     std::thread::sleep(Duration::from_millis(1000));
     bed.apply_manifests(&manifests(READY))?;
-    let out = client.wait_with_output()?;
-    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    let tail = Results::parse(&lines[lines.len().saturating_sub(10)..]);
+    let tail = tail_of(client)?;
     ensure!(
         tail.ok_count() == 10 && tail.pods().contains_key("pod1"),
         "3 s after its endpoint turned ready, the client's last 10 datagrams: {:?} answered, errors {:?}",
