@@ -159,7 +159,10 @@ pub fn expected(
         .collect();
     let mut owners = HashMap::new();
     for se in &state.services {
-        let (objs, _) = dp.owned_objects(se, f, claims);
+        let (mut objs, _) = dp.owned_objects(se, f, claims);
+        dp.programmed_slots(&se.service.key, f, &mut objs);
+        let slot_elements: Vec<_> = objs.slots.iter().flat_map(|l| l.elements()).collect();
+        objs.elements.extend(slot_elements);
         for name in objs.chains.into_keys() {
             c.chains.insert(name, None);
         }

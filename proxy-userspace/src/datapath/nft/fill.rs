@@ -164,6 +164,12 @@ impl NftDatapath {
                 pending.push(&mut b, map, key, Some(value));
                 *map_counts.entry(map).or_default() += 1;
             }
+            for list in &objs.slots {
+                for ((map, key), value) in list.elements() {
+                    pending.push(&mut b, map, &key, Some(&value));
+                }
+                *map_counts.entry(list.map).or_default() += list.targets.len();
+            }
             for ip in &objs.hairpin {
                 hairpin.add(*ip);
             }

@@ -20,7 +20,11 @@
 //!   longer referenced. An endpoint change of a service without affinity
 //!   is elements only (its frontends' counts and endpoints, see [`rules`]),
 //!   unless its new endpoint count has no pick rules yet: then the pick
-//!   chains are rewritten in the same transaction. What a changed service
+//!   chains are rewritten in the same transaction. A frontend of at
+//!   least [`STABLE_SLOTS`] endpoints keeps each endpoint in the slot it
+//!   was programmed in ([`slots`]): one endpoint of a 100,000-endpoint
+//!   service changed is its slot, the last one and the count, not every
+//!   slot after it in address order. What a changed service
 //!   had is built again from the state last programmed (its services are
 //!   shared, not copied): no per-service objects are kept between syncs
 //!   (about 220 MiB at 50,000 services), only the endpoint addresses'
@@ -48,6 +52,7 @@ mod fill;
 mod hairpin;
 pub mod nlsock;
 pub mod rules;
+mod slots;
 
 pub use dump::{chains_of_listing, dump_tables, dump_text, render_tables, TableDump};
 
@@ -65,7 +70,9 @@ use crate::model::{LocalState, ObjectKey, Protocol, ServiceEndpoints};
 use crate::net::Cidr;
 use batch::{Batch, Element};
 use expr::{key_bytes, key_text, KeyPart};
-use rules::{ElementKey, ElementValue, Family, ServiceObjects, TABLE};
+use rules::{ElementKey, ElementValue, Family, ServiceObjects, SlotList, TABLE};
+use slots::{keep_slots, slot_changes};
+pub use slots::{stable_order, STABLE_SLOTS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {
@@ -120,7 +127,12 @@ fn element(key: &[KeyPart], value: Option<&ElementValue>) -> Element {
 /// The frontend a map element answers for (`None`: not a frontend map):
 /// its key is the frontend, or the frontend and an endpoint slot.
 fn element_frontend(ek: &ElementKey) -> Option<Frontend> {
-    let (ip, protocol, port) = match ek.1.as_slice() {
+    key_frontend(&ek.1)
+}
+
+/// The frontend a key starts with (see [`element_frontend`]).
+fn key_frontend(key: &[KeyPart]) -> Option<Frontend> {
+    let (ip, protocol, port) = match key {
         [KeyPart::Addr(ip), KeyPart::Proto(p), KeyPart::Port(port)]
         | [KeyPart::Addr(ip), KeyPart::Proto(p), KeyPart::Port(port), KeyPart::Mark(_)] => {
             (FrontendIp::Ip(*ip), *p, *port)
@@ -247,6 +259,11 @@ pub struct NftDatapath {
     nodeport_addresses: Vec<Cidr>,
     /// The endpoint counts the pick chains have rules for, per family.
     pick_counts: HashMap<Family, BTreeSet<u32>>,
+    /// The slot lists as programmed of the services with a frontend of
+    /// at least [`STABLE_SLOTS`] endpoints that changed since the last
+    /// full sync (their slots are not in address order). Every other
+    /// service's slots are in address order, built again from the state.
+    slot_orders: HashMap<(ObjectKey, Family), Vec<SlotList>>,
     /// The commands of the last transaction per family (the first
     /// [`LAST_TRANSACTION_KEPT`]) and their number.
     last_transaction: HashMap<Family, (usize, Vec<String>)>,
@@ -282,6 +299,7 @@ impl NftDatapath {
             note: "proxy-mode nftables".to_owned(),
             nodeport_addresses: Vec::new(),
             pick_counts: HashMap::new(),
+            slot_orders: HashMap::new(),
             last_transaction: HashMap::new(),
             drop_invalid: true,
         })
@@ -348,7 +366,7 @@ impl NftDatapath {
     ) -> (ServiceObjects, Vec<Frontend>) {
         let mut objs = rules::service_objects(se, f, &self.cluster_cidrs, self.masquerade_all);
         let mut lost = Vec::new();
-        objs.elements.retain(|ek, _| match element_frontend(ek) {
+        let mut owned = |fr: Option<Frontend>| match fr {
             Some(fr) if !claims.owns(&se.service.key, &fr) => {
                 if !lost.contains(&fr) {
                     lost.push(fr);
@@ -356,8 +374,21 @@ impl NftDatapath {
                 false
             }
             _ => true,
-        });
+        };
+        objs.elements.retain(|ek, _| owned(element_frontend(ek)));
+        objs.slots.retain(|l| owned(key_frontend(&l.frontend)));
         (objs, lost)
+    }
+
+    /// Puts the slot lists of `key` as programmed in `objs` when they are
+    /// not in address order (see [`NftDatapath::slot_orders`]).
+    fn programmed_slots(&self, key: &ObjectKey, f: Family, objs: &mut ServiceObjects) {
+        if self.slot_orders.is_empty() {
+            return;
+        }
+        if let Some(lists) = self.slot_orders.get(&(key.clone(), f)) {
+            objs.slots = lists.clone();
+        }
     }
 
     /// What the service `key` of `prev` (the state last programmed) has in
@@ -371,7 +402,10 @@ impl NftDatapath {
         if let Some(lost) = self.unowned.get(key) {
             objs.elements
                 .retain(|ek, _| element_frontend(ek).is_none_or(|fr| !lost.contains(&fr)));
+            objs.slots
+                .retain(|l| key_frontend(&l.frontend).is_none_or(|fr| !lost.contains(&fr)));
         }
+        self.programmed_slots(key, f, &mut objs);
         objs
     }
 
@@ -414,13 +448,17 @@ impl NftDatapath {
         // copy of the whole tables: a one-service change stays small at
         // any scale).
         let mut hairpin_delta: BTreeMap<IpAddr, i32> = BTreeMap::new();
+        let mut orders = Vec::new();
         for c in changed {
             let key = c.key;
             let old = self.programmed_objects(prev, key, f);
-            let (new, lost) = c
+            let (mut new, lost) = c
                 .next
                 .map(|se| self.owned_objects(se, f, claims))
                 .unwrap_or_default();
+            let stable = keep_slots(&old.slots, &mut new.slots);
+            slot_changes(&old.slots, &new.slots, &mut del_elems, &mut add_elems);
+            orders.push(((key.clone(), f), stable.then(|| new.slots.clone())));
             for (ek, verdict) in &old.elements {
                 if new.elements.get(ek) != Some(verdict) {
                     del_elems.push((ek.clone(), verdict.clone()));
@@ -431,10 +469,10 @@ impl NftDatapath {
                     add_elems.push((ek.clone(), verdict.clone()));
                 }
             }
-            for ip in &old.hairpin {
+            for ip in old.hairpin.difference(&new.hairpin) {
                 *hairpin_delta.entry(*ip).or_default() -= 1;
             }
-            for ip in &new.hairpin {
+            for ip in new.hairpin.difference(&old.hairpin) {
                 *hairpin_delta.entry(*ip).or_default() += 1;
             }
             counts_in_use.extend(new.counts.iter().copied());
@@ -559,6 +597,12 @@ impl NftDatapath {
             );
         }
         self.send(f, b)?;
+        for (k, lists) in orders {
+            match lists {
+                Some(lists) => drop(self.slot_orders.insert(k, lists)),
+                None => drop(self.slot_orders.remove(&k)),
+            }
+        }
         if let Some(c) = pick_counts {
             self.pick_counts.insert(f, c);
         }
@@ -643,6 +687,8 @@ impl Datapath for NftDatapath {
         let started = Instant::now();
         // Refilled by the sync; on a failure the next apply is full again.
         self.unowned.clear();
+        // A full sync writes every list in address order.
+        self.slot_orders.clear();
         self.drop_invalid = !conntrack::tcp_be_liberal();
         for f in Family::ALL {
             let synced = self.full_sync(f, next, claims);

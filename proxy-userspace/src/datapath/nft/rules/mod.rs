@@ -180,6 +180,40 @@ impl std::fmt::Display for ElementValue {
     }
 }
 
+/// An endpoint a frontend picks: `addr . port`.
+pub type SlotTarget = (IpAddr, u16);
+
+/// One frontend's endpoints by slot in an endpoints map: element
+/// `frontend . slot` → `targets[slot]`. Kept as one list, not as
+/// elements, so a change of a large service compares lists slot by slot
+/// and frontends of one scope share the list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotList {
+    /// The endpoints map (`internal-endpoints`, …).
+    pub map: &'static str,
+    /// `daddr . l4proto . dport` or `l4proto . dport`.
+    pub frontend: Vec<KeyPart>,
+    pub targets: std::sync::Arc<[SlotTarget]>,
+}
+
+impl SlotList {
+    /// The map element of `slot`.
+    pub fn element(&self, slot: usize) -> (ElementKey, ElementValue) {
+        let mut k = self.frontend.clone();
+        k.push(KeyPart::Mark(slot as u32));
+        let (ip, port) = self.targets[slot];
+        (
+            (self.map, k),
+            ElementValue::Data(vec![KeyPart::Addr(ip), KeyPart::Port(port)]),
+        )
+    }
+
+    /// Every map element of the list, by slot.
+    pub fn elements(&self) -> impl Iterator<Item = (ElementKey, ElementValue)> + '_ {
+        (0..self.targets.len()).map(|i| self.element(i))
+    }
+}
+
 /// Everything one service owns in one family's table.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ServiceObjects {
@@ -187,8 +221,11 @@ pub struct ServiceObjects {
     pub chains: BTreeMap<String, Vec<Rule>>,
     /// Affinity set name → timeout in seconds.
     pub sets: BTreeMap<String, u32>,
-    /// (map, key) → verdict or data.
+    /// (map, key) → verdict or data, except the endpoints maps' elements
+    /// (in `slots`).
     pub elements: BTreeMap<ElementKey, ElementValue>,
+    /// The endpoints of each frontend that picks from the shared maps.
+    pub slots: Vec<SlotList>,
     /// Endpoint addresses this service DNATs to: `addr . addr` goes in the
     /// `hairpin` set while some service uses the address.
     pub hairpin: BTreeSet<IpAddr>,

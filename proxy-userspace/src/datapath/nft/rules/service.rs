@@ -39,14 +39,19 @@ struct Target<'a> {
     scopes: EndpointScopes,
 }
 
-/// The endpoints `chosen` for frontend `key` (`daddr . l4proto . dport`
+/// The `addr . port` of `chosen`, in their order (by address).
+fn slot_targets(chosen: &[&Target<'_>]) -> std::sync::Arc<[SlotTarget]> {
+    chosen.iter().map(|t| (t.ep.ip, t.port)).collect()
+}
+
+/// The endpoints `targets` for frontend `key` (`daddr . l4proto . dport`
 /// or `l4proto . dport`) in the maps of the internal or the external
 /// scope: its count, its endpoints by slot.
 fn frontend_endpoints(
     out: &mut ServiceObjects,
     pick_chain: &str,
     key: &[KeyPart],
-    chosen: &[&Target<'_>],
+    targets: &std::sync::Arc<[SlotTarget]>,
 ) {
     let by = if key.len() == 3 {
         FrontendKey::Service
@@ -57,21 +62,18 @@ fn frontend_endpoints(
     else {
         return;
     };
-    let count = chosen.len() as u32;
+    let count = targets.len() as u32;
     out.counts.insert(count);
     out.elements.insert(
         (counts, key.to_vec()),
         ElementValue::Data(vec![KeyPart::Mark(count)]),
     );
-    for (slot, t) in chosen.iter().enumerate() {
-        let mut k = key.to_vec();
-        k.push(KeyPart::Mark(slot as u32));
-        out.elements.insert(
-            (endpoints, k),
-            ElementValue::Data(vec![KeyPart::Addr(t.ep.ip), KeyPart::Port(t.port)]),
-        );
-        out.hairpin.insert(t.ep.ip);
-    }
+    out.slots.push(SlotList {
+        map: endpoints,
+        frontend: key.to_vec(),
+        targets: targets.clone(),
+    });
+    out.hairpin.extend(targets.iter().map(|t| t.0));
 }
 
 /// What one service needs in family `f`.
@@ -136,6 +138,8 @@ pub fn service_objects(
         };
         let internal: Vec<&Target<'_>> = targets.iter().filter(|t| t.scopes.internal).collect();
         let external: Vec<&Target<'_>> = targets.iter().filter(|t| t.scopes.external).collect();
+        // Built once per scope, shared by its frontends' slot lists.
+        let (internal_slots, external_slots) = (slot_targets(&internal), slot_targets(&external));
         let exposed = !external_ips.is_empty() || pm.node_port != 0;
 
         // With ClientIP affinity: the affinity rules, then a random pick,
@@ -200,7 +204,7 @@ pub fn service_objects(
                 Some(timeout) => rules.extend(affinity_pick(timeout, &internal, &mut out)),
                 None => {
                     for ip in &cluster_ips {
-                        frontend_endpoints(&mut out, PICK_INTERNAL, &key_of(ip), &internal);
+                        frontend_endpoints(&mut out, PICK_INTERNAL, &key_of(ip), &internal_slots);
                     }
                     rules.push(Rule::new(vec![], vec![goto(PICK_INTERNAL)]));
                 }
@@ -279,10 +283,10 @@ pub fn service_objects(
             // the internal endpoints by the external address or node port.
             if affinity.is_none() {
                 for ip in &external_ips {
-                    frontend_endpoints(&mut out, PICK_INTERNAL, &key_of(ip), &internal);
+                    frontend_endpoints(&mut out, PICK_INTERNAL, &key_of(ip), &internal_slots);
                 }
                 if pm.node_port != 0 {
-                    frontend_endpoints(&mut out, PICK_INTERNAL, &node_port_key, &internal);
+                    frontend_endpoints(&mut out, PICK_INTERNAL, &node_port_key, &internal_slots);
                 }
             }
             for c in &cidrs {
@@ -305,10 +309,10 @@ pub fn service_objects(
             Some(timeout) => rules.extend(affinity_pick(timeout, &external, &mut out)),
             None => {
                 for ip in &external_ips {
-                    frontend_endpoints(&mut out, PICK_EXTERNAL, &key_of(ip), &external);
+                    frontend_endpoints(&mut out, PICK_EXTERNAL, &key_of(ip), &external_slots);
                 }
                 if pm.node_port != 0 {
-                    frontend_endpoints(&mut out, PICK_EXTERNAL, &node_port_key, &external);
+                    frontend_endpoints(&mut out, PICK_EXTERNAL, &node_port_key, &external_slots);
                 }
                 rules.push(Rule::new(vec![], vec![goto(PICK_EXTERNAL)]));
             }
@@ -378,8 +382,9 @@ pub(in crate::datapath::nft) mod tests {
         )]
             .to_string();
         let list: Vec<String> = objs
-            .elements
+            .slots
             .iter()
+            .flat_map(SlotList::elements)
             .filter(|((map, key), _)| *map == endpoints && key.starts_with(frontend))
             .map(|(_, v)| v.to_string())
             .collect();
