@@ -1,6 +1,7 @@
 //! The localnet `Endpoints` API (SPEC §6): server, client and the output
 //! formats of the `localnet watch` and `dump` commands.
 
+mod body;
 pub mod client;
 pub mod convert;
 pub mod delta;

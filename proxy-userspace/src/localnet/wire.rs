@@ -2,27 +2,25 @@
 //!
 //! tonic's generated server encodes every response message again for each
 //! stream, so a revision sent to 100 clients was converted and encoded 100
-//! times. This server is the generated one with another codec: a response
-//! is an [`Encoded`] message, prost bytes made once per revision and copied
-//! as they are into every stream. Requests are decoded with prost as
-//! before, so the wire format is the generated one byte for byte (the
-//! unit tests below compare them).
+//! times. Here a response is an [`Encoded`] message, prost bytes made once
+//! per revision, and a large one goes into every stream as the same bytes
+//! ([`super::body`]: not through tonic's per-stream buffer). Requests are
+//! decoded with prost, so the wire format is the generated one byte for
+//! byte (the unit tests below compare them).
 
 use std::convert::Infallible;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes};
-use prost::encoding::{encode_key, encode_varint, WireType};
+use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
 use proto::localnet::v1 as pb;
 use tokio_stream::Stream;
-use tonic::codec::{Codec, EncodeBuf, Encoder};
 use tonic::codegen::{http, Body, BoxFuture, StdError};
-use tonic::server::{Grpc, NamedService, ServerStreamingService};
+use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 
-use crate::grpc_unix::MAX_MESSAGE_BYTES;
+use super::body;
 
 pub use proto::localnet::v1::endpoints_server::SERVICE_NAME;
 
@@ -47,10 +45,23 @@ impl Encoded {
         match self {
             Encoded::Message(b) => dst.put_slice(b),
             Encoded::Service(b) => {
-                encode_key(2, WireType::LengthDelimited, dst);
-                encode_varint(b.len() as u64, dst);
+                Self::write_service_header(b.len(), dst);
                 dst.put_slice(b);
             }
+        }
+    }
+
+    /// What comes before a service's `len` bytes in the message.
+    pub fn write_service_header(len: usize, dst: &mut impl BufMut) {
+        encode_key(2, WireType::LengthDelimited, dst);
+        encode_varint(len as u64, dst);
+    }
+
+    /// The length of what [`Encoded::write`] writes.
+    pub fn encoded_len(&self) -> usize {
+        match self {
+            Encoded::Message(b) => b.len(),
+            Encoded::Service(b) => key_len(2) + encoded_len_varint(b.len() as u64) + b.len(),
         }
     }
 }
@@ -90,6 +101,7 @@ impl<T, B> tower::Service<http::Request<B>> for EndpointsServer<T>
 where
     T: Endpoints,
     B: Body + Send + 'static,
+    B::Data: Send,
     B::Error: Into<StdError> + Send + 'static,
 {
     type Response = http::Response<tonic::body::Body>;
@@ -103,88 +115,22 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let api = self.api.clone();
         match req.uri().path() {
-            "/localnet.v1.Endpoints/Next" => {
-                Box::pin(async move { Ok(grpc().server_streaming(Next(api), req).await) })
-            }
-            "/localnet.v1.Endpoints/Watch" => {
-                Box::pin(async move { Ok(grpc().server_streaming(Watch(api), req).await) })
-            }
+            "/localnet.v1.Endpoints/Next" => Box::pin(async move {
+                let answer = match body::request::<pb::NextFilter, B>(req).await {
+                    Ok(r) => api.next(r).await,
+                    Err(status) => Err(status),
+                };
+                Ok(body::response(answer))
+            }),
+            "/localnet.v1.Endpoints/Watch" => Box::pin(async move {
+                let answer = match body::request::<pb::WatchRequest, B>(req).await {
+                    Ok(r) => api.watch(r).await,
+                    Err(status) => Err(status),
+                };
+                Ok(body::response(answer))
+            }),
             _ => Box::pin(async { Ok(Status::unimplemented("").into_http()) }),
         }
-    }
-}
-
-fn grpc<Req: prost::Message + Default + Send + 'static>() -> Grpc<EncodedCodec<Req>> {
-    Grpc::new(EncodedCodec(PhantomData))
-        .apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), Some(MAX_MESSAGE_BYTES))
-}
-
-struct Next<T>(T);
-
-impl<T: Endpoints> ServerStreamingService<pb::NextFilter> for Next<T> {
-    type Response = Encoded;
-    type ResponseStream = EncodedStream;
-    type Future = BoxFuture<Response<EncodedStream>, Status>;
-
-    fn call(&mut self, request: Request<pb::NextFilter>) -> Self::Future {
-        let api = self.0.clone();
-        Box::pin(async move { api.next(request).await })
-    }
-}
-
-struct Watch<T>(T);
-
-impl<T: Endpoints> ServerStreamingService<pb::WatchRequest> for Watch<T> {
-    type Response = Encoded;
-    type ResponseStream = EncodedStream;
-    type Future = BoxFuture<Response<EncodedStream>, Status>;
-
-    fn call(&mut self, request: Request<pb::WatchRequest>) -> Self::Future {
-        let api = self.0.clone();
-        Box::pin(async move { api.watch(request).await })
-    }
-}
-
-/// Decodes requests with prost, writes [`Encoded`] responses as they are.
-struct EncodedCodec<Req>(PhantomData<Req>);
-
-impl<Req: prost::Message + Default + Send + 'static> Codec for EncodedCodec<Req> {
-    type Encode = Encoded;
-    type Decode = Req;
-    type Encoder = EncodedWriter;
-    type Decoder = tonic_prost::ProstDecoder<Req>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        EncodedWriter
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        tonic_prost::ProstDecoder::default()
-    }
-}
-
-struct EncodedWriter;
-
-/// tonic copies a stream's messages into a buffer and sends it once it
-/// holds [`YIELD_AT`] bytes. Its default buffer (8 KiB, sent at 32 KiB)
-/// is reallocated and copied as it doubles for every chunk sent: a full
-/// `Watch` frame (~18 MiB at 50k services) to 100 watchers spent a third
-/// of the daemon's time in those copies and allocations. A buffer that
-/// starts at the size it is sent at is allocated once per chunk.
-const BUFFER_BYTES: usize = 64 * 1024;
-const YIELD_AT: usize = BUFFER_BYTES - 4 * 1024;
-
-impl Encoder for EncodedWriter {
-    type Item = Encoded;
-    type Error = Status;
-
-    fn buffer_settings(&self) -> tonic::codec::BufferSettings {
-        tonic::codec::BufferSettings::new(BUFFER_BYTES, YIELD_AT)
-    }
-
-    fn encode(&mut self, item: Encoded, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        item.write(dst);
-        Ok(())
     }
 }
 
@@ -214,6 +160,7 @@ mod tests {
     fn written(e: &Encoded) -> Vec<u8> {
         let mut out = Vec::new();
         e.write(&mut out);
+        assert_eq!(out.len(), e.encoded_len());
         out
     }
 
