@@ -7,7 +7,7 @@
 //! nftables and straight to the pod, as ratios.
 //!
 //! ```text
-//! cargo xtask bench [--only localstate|nftables|datapath|nodeport|scale] [--quick]
+//! cargo xtask bench [--only localstate|nftables|datapath|nodeport|scale|sync-under-load] [--quick]
 //!                   [--scales 1k/10k,10k/100k,50k/250k] [--datapaths ebpf,nftables,none]
 //!                   [--sources file,kube] [--changes N] [--watchers N] [--idle-seconds N]
 //!                   [--daemon-bin PATH --fanout-bin PATH]
@@ -18,12 +18,20 @@
 //! building them.
 
 mod daemon;
+// The fan-out floor for scale.rs's fan-out row (issue 37 item 5); used there once
+// that row reads it.
+#[allow(dead_code)]
+mod fanout_floor;
 mod load;
 mod manifests;
 mod nftbase;
 mod nodeport;
 mod report;
 mod scale;
+// The manifest read rate (issue 37 item 1): `--only yaml`, and rows the
+// scale table may call.
+mod yaml_rate;
+mod sync_load;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -144,6 +152,13 @@ pub fn bench(root: &Path, args: &[String]) -> Result<()> {
     if all || only == Some("localstate") {
         run(cargo().args(["bench", "-p", "proxy-userspace", "--bench", "localstate"]))?;
     }
+    if all || only == Some("yaml") {
+        let largest = o.scales.iter().max_by_key(|s| s.services);
+        yaml_rate::bench(root, *largest.context("no scale")?)?;
+        if only.is_some() {
+            return Ok(());
+        }
+    }
     if !is_root() {
         println!(
             "datapath and scale benchmarks skipped: they need root (network namespaces, eBPF, nftables)"
@@ -157,6 +172,12 @@ pub fn bench(root: &Path, args: &[String]) -> Result<()> {
         ebpf::build(root, true)?;
         run(cargo().args(["build", "--bin", "ebpf-kube-proxy"]))?;
         crate::e2e::bench::connect_rate(root)?;
+    }
+    if all || only == Some("sync-under-load") {
+        sync_under_load(root, &o)?;
+        if only.is_some() {
+            return Ok(());
+        }
     }
     let with_nodeport = all || o.quick || only == Some("nodeport");
     let with_scale = all || o.quick || only == Some("scale");
@@ -226,6 +247,36 @@ fn nodeport_cell(daemon_bin: &Path, quick: bool) -> nodeport::NodePortResult {
         started.elapsed().as_secs_f64()
     );
     result
+}
+
+/// Lost handshakes while the daemon syncs ([`sync_load`]), on each
+/// datapath; `--quick` takes a tenth of the syncs.
+fn sync_under_load(root: &Path, o: &Options) -> Result<()> {
+    let dir = RunDir(std::env::temp_dir().join(format!("ekp-sync-load-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).context("creating the run directory")?;
+    let daemon_bin = match &o.binaries {
+        Some((d, _)) => d.clone(),
+        None => build_binaries(root, &dir.0)?.0,
+    };
+    let settings = sync_load::Settings {
+        full_syncs: if o.quick { 20 } else { 200 },
+        partial_syncs: if o.quick { 200 } else { 2000 },
+        table_drifts: if o.quick { 10 } else { 50 },
+        daemon_bin,
+    };
+    let rows = sync_load::run(&settings, &o.datapaths);
+    let md = sync_load::markdown(&rows);
+    println!("\n{md}");
+    let out_dir = crate::paths::target_dir(root).join("bench");
+    std::fs::create_dir_all(&out_dir).context("creating target/bench")?;
+    std::fs::write(out_dir.join("sync-under-load.md"), &md)
+        .context("writing sync-under-load.md")?;
+    let missed = rows.iter().filter(|r| !r.met()).count();
+    println!(
+        "sync under load: {} datapath(s) met the goal of 0 lost handshakes, {missed} MISSED",
+        rows.len() - missed
+    );
+    Ok(())
 }
 
 /// A directory removed on drop: the run's copies of the binaries and the
