@@ -12,7 +12,7 @@ pub mod demo;
 /// The fake API server of the integration tests, shared as one source file.
 pub use test_support::{fake_apiserver, netexec};
 pub mod conformance;
-mod scenarios;
+pub(crate) mod scenarios;
 pub mod soak;
 
 use std::path::Path;

@@ -141,7 +141,7 @@ mod claims;
 mod cleanup;
 pub(crate) mod client;
 mod clusterip;
-mod drift;
+pub(crate) mod drift;
 mod external;
 mod manifests;
 mod restart;

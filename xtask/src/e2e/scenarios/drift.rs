@@ -256,7 +256,7 @@ fn flushed_and_deleted_table_repaired(bed: &mut Bed) -> Result<()> {
 
 /// Just enough of bpf(2) to delete one entry of a pinned map by hand, as
 /// `bpftool map delete` would (bpftool is not always installed).
-mod bpf {
+pub(crate) mod bpf {
     use super::*;
 
     const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
@@ -312,7 +312,7 @@ mod bpf {
 
     /// Deletes the header (slot 0) of `ip:port/proto` from the pinned
     /// services map; whether it was there.
-    pub(super) fn delete_service_header(
+    pub(crate) fn delete_service_header(
         map: &Path,
         ip: [u8; 4],
         port: u16,
