@@ -248,7 +248,7 @@ fn the_daemonset_runs_like_kube_proxy() {
 /// Least privilege: the daemon gets exactly the capabilities the e2e
 /// scenario `caps` measured (BPF, NET_ADMIN, PERFMON; README, Privileges),
 /// cannot gain more, and only the init container that mounts bpffs on the
-/// host is privileged.
+/// host (and writes the conntrack sysctls) is privileged.
 #[test]
 fn the_daemon_runs_with_exactly_the_measured_capabilities() {
     let docs = rendered();
@@ -284,6 +284,62 @@ fn the_daemon_runs_with_exactly_the_measured_capabilities() {
         .command
         .as_ref()
         .is_some_and(|cmd| cmd.join(" ").contains("mount -t bpf bpf /sys/fs/bpf")));
+}
+
+/// The conntrack sysctls are set at start, as kube-proxy (privileged in its
+/// own DaemonSet) sets them: the daemon cannot (/proc/sys is read-only in
+/// an unprivileged container), so the privileged init container runs it
+/// with `--init-only` and the daemon's own configuration, which writes them
+/// (`conntrack_sysctl::apply`) before the daemon starts.
+#[test]
+fn the_privileged_init_step_sets_the_conntrack_sysctls_from_the_daemons_config() {
+    let docs = rendered();
+    let (pod, daemon) = daemonset(&docs);
+    let init = pod.init_containers.unwrap_or_default();
+    let step = init.iter().find(|c| c.name == "mount-bpffs").unwrap();
+    assert_eq!(
+        step.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+    assert_eq!(step.image, daemon.image, "the daemon's own binary");
+    let script = step.command.clone().unwrap_or_default().join(" ");
+    let daemon_command = daemon.command.clone().unwrap();
+    let binary = &daemon_command[0];
+    let line = script
+        .lines()
+        .find(|l| l.contains("--init-only"))
+        .unwrap_or_else(|| panic!("no --init-only step in {script:?}"));
+    assert!(line.contains(binary.as_str()), "{line}");
+    // The same configuration as the daemon: the sysctls follow its flags
+    // and config file, and the programs it pins are the daemon's.
+    for flag in daemon_command.iter().filter(|a| {
+        a.starts_with("--config=")
+            || a.starts_with("--cgroup-path=")
+            || a.starts_with("--hostname-override=")
+    }) {
+        assert!(line.contains(flag.as_str()), "{flag} missing from {line}");
+    }
+    // Mounting bpffs comes first and stops the step when it fails.
+    let mount_at = script.find("mount -t bpf").unwrap();
+    assert!(mount_at < script.find("--init-only").unwrap(), "{script}");
+    let mounts = step.volume_mounts.clone().unwrap_or_default();
+    for (volume, path) in [
+        ("config", "/var/lib/ebpf-kube-proxy"),
+        ("bpffs", "/sys/fs/bpf"),
+        ("cgroup2", "/run/ebpf-kube-proxy/cgroup2"),
+    ] {
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m.name == volume && m.mount_path == path),
+            "{volume} at {path}: {mounts:?}"
+        );
+    }
+    let env = step.env.clone().unwrap_or_default();
+    assert!(
+        env.iter().any(|e| e.name == "NODE_NAME"),
+        "$(NODE_NAME) needs the variable: {env:?}"
+    );
 }
 
 /// Prometheus finds the metrics: the listener is on the node's addresses,
