@@ -2,12 +2,16 @@
 //!
 //! * [`localnet::v1`]: the node-local `Endpoints` API (SPEC §6).
 //! * [`podinfo::v1alpha1`]: the PodInfo bridge (SPEC §7).
+//! * [`k8s`]: the Kubernetes API's protobuf encoding, for the objects the
+//!   kube source reads (hand-written messages, not generated).
 //!
 //! Messages are prost types; every message also implements serde
 //! `Serialize`/`Deserialize` in the canonical proto3 JSON mapping (pbjson),
 //! which the CLI uses for `-o json|yaml`.
 
 #![allow(clippy::all, clippy::pedantic, missing_docs)]
+
+pub mod k8s;
 
 pub mod localnet {
     pub mod v1 {

@@ -22,7 +22,6 @@ const WITH_VALUE: &[&str] = &[
     "ipvs-tcpfin-timeout",
     "ipvs-udp-timeout",
     "kube-api-burst",
-    "kube-api-content-type",
     "kube-api-qps",
     "min-sync-period",
     "oom-score-adj",

@@ -300,6 +300,29 @@ pub fn merge_str(
                 ))
             }
         }
+        match cc.get("contentType") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(t)) if t.is_empty() => {}
+            Some(Value::String(t)) => {
+                if crate::config::KubeContentType::parse(t).is_none() {
+                    return Err(field_err(
+                        "clientConnection.contentType",
+                        format!(
+                            "{t:?} is not application/vnd.kubernetes.protobuf or application/json"
+                        ),
+                    ));
+                }
+                if !from_command_line("kube_api_content_type") {
+                    flags.kube_api_content_type = t.clone();
+                }
+            }
+            Some(other) => {
+                return Err(field_err(
+                    "clientConnection.contentType",
+                    format!("must be a string, got {other}"),
+                ))
+            }
+        }
     }
     Ok(())
 }
@@ -389,7 +412,7 @@ pub fn effective(flags: &DaemonFlags) -> Value {
         "kind": KIND,
         "bindAddress": flags.bind_address,
         "masqueradeAll": flags.masquerade_all,
-        "clientConnection": {"kubeconfig": flags.kubeconfig},
+        "clientConnection": {"kubeconfig": flags.kubeconfig, "contentType": flags.kube_api_content_type},
         "clusterCIDR": flags.cluster_cidr,
         "healthzBindAddress": flags.healthz_bind_address,
         "hostnameOverride": flags.hostname_override,
@@ -462,6 +485,39 @@ mod tests {
         assert_eq!(f.proxy_mode, crate::datapath::ProxyMode::Nftables);
         assert_eq!(f.nodeport_addresses, "10.0.0.0/8");
         assert_eq!(f.kubeconfig, "/etc/kube/config");
+    }
+
+    #[test]
+    fn client_connection_content_type_sets_the_flag_and_a_wrong_one_is_refused() {
+        let json = format!("{HEAD}clientConnection: {{contentType: application/json}}\n");
+        let (f, r) = flags_with(&json, &[]);
+        r.unwrap();
+        assert_eq!(f.kube_api_content_type, "application/json");
+        let (f, r) = flags_with(
+            &json,
+            &["--kube-api-content-type=application/vnd.kubernetes.protobuf"],
+        );
+        r.unwrap();
+        assert_eq!(
+            f.kube_api_content_type, "application/vnd.kubernetes.protobuf",
+            "the command line wins"
+        );
+        let (f, r) = flags_with(HEAD, &[]);
+        r.unwrap();
+        assert_eq!(
+            f.kube_api_content_type, "application/vnd.kubernetes.protobuf",
+            "kube-proxy's default"
+        );
+        let (_, r) = flags_with(
+            &format!("{HEAD}clientConnection: {{contentType: text/xml}}\n"),
+            &[],
+        );
+        match r {
+            Err(ConfigFileError::Field { field, .. }) => {
+                assert_eq!(field, "clientConnection.contentType")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

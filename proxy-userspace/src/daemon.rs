@@ -65,9 +65,16 @@ pub async fn run(config: Config, podinfo_limit: RateLimit) -> anyhow::Result<()>
     // Everything that can fail on bad configuration fails before serving.
     let source = match &config.source {
         SourceConfig::File { dir } => Source::File(file::ManifestDir::open(dir)?),
-        SourceConfig::Kube { master } => {
-            let (client, server) =
-                sources::kube::client(config.kubeconfig.as_deref(), master.as_deref()).await?;
+        SourceConfig::Kube {
+            master,
+            content_type,
+        } => {
+            let (client, server) = sources::kube::client(
+                config.kubeconfig.as_deref(),
+                master.as_deref(),
+                *content_type,
+            )
+            .await?;
             Source::Kube(client, server)
         }
     };

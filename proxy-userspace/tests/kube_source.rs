@@ -1,17 +1,36 @@
 //! The daemon on the kube source against the fake API server: real HTTP
-//! list/watch with the real JSON shapes, real gRPC out.
+//! list/watch with the real JSON and protobuf encodings (each test runs on
+//! both: `protobuf::…` and `json::…`), real gRPC out.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::fake_apiserver::{service_object as service, slice_object as slice, FakeApiServer};
-use common::{service_names as names, Daemon};
+use common::{service_names as names, Daemon, Wire};
 use ebpf_kube_proxy::localnet::client::{self, State};
 use serde_json::json;
 
+on_each_wire!(
+    objects_from_the_api_server_reach_the_localnet_api_within_a_second,
+    a_dropped_watch_and_410_gone_relist_without_partial_state,
+    an_api_server_outage_keeps_the_state_and_recovers_without_restart,
+    a_relist_takes_in_only_what_changed_while_the_watch_was_down,
+    a_relist_keeps_the_last_good_version_of_an_object_now_invalid,
+    deleting_an_object_whose_current_version_is_invalid_removes_it,
+    an_undecodable_service_does_not_stall_the_others,
+    a_twelve_megabyte_list_in_one_piece_syncs_whole,
+    addresses_with_leading_zeros_are_read_as_decimal,
+);
+
+/// Protobuf asked for (the default) of a server that answers JSON only:
+/// the answers are read as JSON.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn objects_from_the_api_server_reach_the_localnet_api_within_a_second() {
+async fn json_is_read_when_the_server_answers_json_to_a_protobuf_request() {
+    objects_from_the_api_server_reach_the_localnet_api_within_a_second(Wire::JsonAnswered).await;
+}
+
+async fn objects_from_the_api_server_reach_the_localnet_api_within_a_second(wire: Wire) {
     let api = FakeApiServer::start().await;
     api.apply(service("default", "web", "10.96.0.10"));
     api.apply(slice("default", "web", &["10.244.2.1".into()]));
@@ -21,11 +40,12 @@ async fn objects_from_the_api_server_reach_the_localnet_api_within_a_second() {
     api.apply(other);
     api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"topology.kubernetes.io/zone": "a"}}}));
     api.apply(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"}, "spec": {"nodeName": "n1", "containers": []}}));
-    let d = Daemon::start_on(&api);
+    let d = Daemon::start_on(&api, wire);
 
     let s = d
         .wait_state((0, 0), Duration::from_secs(10), |_| true)
         .await;
+    wire.check(&api);
     assert_eq!(names(&s), ["web"]);
     assert_eq!(s.services[0].endpoints[0].ip, "10.244.2.1");
 
@@ -52,8 +72,7 @@ async fn objects_from_the_api_server_reach_the_localnet_api_within_a_second() {
     assert!(s3.rev > s2.rev);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_watch_and_410_gone_relist_without_partial_state() {
+async fn a_dropped_watch_and_410_gone_relist_without_partial_state(wire: Wire) {
     let api = FakeApiServer::start().await;
     for i in 0..20 {
         api.apply(service(
@@ -63,10 +82,11 @@ async fn a_dropped_watch_and_410_gone_relist_without_partial_state() {
         ));
     }
     api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
-    let d = Daemon::start_on(&api);
+    let d = Daemon::start_on(&api, wire);
     let s = d
         .wait_state((0, 0), Duration::from_secs(10), |_| true)
         .await;
+    wire.check(&api);
     assert_eq!(s.services.len(), 20);
 
     // Watch every frame from now on: none may ever lack a service.
@@ -123,15 +143,15 @@ async fn a_dropped_watch_and_410_gone_relist_without_partial_state() {
     assert!(d.log_text().contains("relist"), "log:\n{}", d.log_text());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_api_server_outage_keeps_the_state_and_recovers_without_restart() {
+async fn an_api_server_outage_keeps_the_state_and_recovers_without_restart(wire: Wire) {
     let api = FakeApiServer::start().await;
     api.apply(service("default", "web", "10.96.0.10"));
     api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
-    let d = Daemon::start_on(&api);
+    let d = Daemon::start_on(&api, wire);
     let s = d
         .wait_state((0, 0), Duration::from_secs(10), |_| true)
         .await;
+    wire.check(&api);
 
     let in_sync = |d: &Daemon| {
         let m = common::get(d.metrics, "/metrics").text();
@@ -223,8 +243,7 @@ fn relist_with(api: &FakeApiServer, during: impl FnOnce(&FakeApiServer)) {
     api.set_down(false);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_relist_takes_in_only_what_changed_while_the_watch_was_down() {
+async fn a_relist_takes_in_only_what_changed_while_the_watch_was_down(wire: Wire) {
     let services: Vec<(String, String)> = (0..20)
         .map(|i| (format!("svc-{i:02}"), format!("10.96.0.{}", 10 + i)))
         .collect();
@@ -232,7 +251,7 @@ async fn a_relist_takes_in_only_what_changed_while_the_watch_was_down() {
         .iter()
         .map(|(n, ip)| (n.as_str(), ip.as_str()))
         .collect();
-    let (api, d, s) = common::kube_daemon_with(&refs).await;
+    let (api, d, s) = common::kube_daemon_with(&refs, wire).await;
     assert_eq!(s.services.len(), 20);
 
     relist_with(&api, |api| {
@@ -260,10 +279,9 @@ async fn a_relist_takes_in_only_what_changed_while_the_watch_was_down() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_relist_keeps_the_last_good_version_of_an_object_now_invalid() {
+async fn a_relist_keeps_the_last_good_version_of_an_object_now_invalid(wire: Wire) {
     let (api, d, s) =
-        common::kube_daemon_with(&[("keep", "10.96.0.10"), ("gone", "10.96.0.11")]).await;
+        common::kube_daemon_with(&[("keep", "10.96.0.10"), ("gone", "10.96.0.11")], wire).await;
     assert_eq!(names(&s), ["gone", "keep"]);
 
     relist_with(&api, |api| {
@@ -296,10 +314,9 @@ async fn a_relist_keeps_the_last_good_version_of_an_object_now_invalid() {
     assert_eq!(rejected(&d, "invalid_object", 1.0).await, 1.0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deleting_an_object_whose_current_version_is_invalid_removes_it() {
+async fn deleting_an_object_whose_current_version_is_invalid_removes_it(wire: Wire) {
     let (api, d, s) =
-        common::kube_daemon_with(&[("web", "10.96.0.10"), ("api", "10.96.0.11")]).await;
+        common::kube_daemon_with(&[("web", "10.96.0.10"), ("api", "10.96.0.11")], wire).await;
     assert_eq!(names(&s), ["api", "web"]);
     assert_eq!(
         rejected(&d, "invalid_object", 0.0).await,
@@ -322,9 +339,8 @@ async fn deleting_an_object_whose_current_version_is_invalid_removes_it() {
     assert!(after.rev > s.rev);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_undecodable_service_does_not_stall_the_others() {
-    let (api, d, s) = common::kube_daemon_with(&[("web", "10.96.0.10")]).await;
+async fn an_undecodable_service_does_not_stall_the_others(wire: Wire) {
+    let (api, d, s) = common::kube_daemon_with(&[("web", "10.96.0.10")], wire).await;
     assert_eq!(
         rejected(&d, "undecodable", 0.0).await,
         0.0,
@@ -373,8 +389,7 @@ async fn an_undecodable_service_does_not_stall_the_others() {
 /// to be checked on other threads, the source checks the rest as it reads
 /// them. Every object arrives whichever way it was checked, and a refused
 /// one is counted at either end of the list.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_twelve_megabyte_list_in_one_piece_syncs_whole() {
+async fn a_twelve_megabyte_list_in_one_piece_syncs_whole(wire: Wire) {
     let api = FakeApiServer::start().await;
     api.set_unpaged(true);
     // What `kubectl apply` keeps of each object: 24 KiB a slice here,
@@ -401,11 +416,12 @@ async fn a_twelve_megabyte_list_in_one_piece_syncs_whole() {
         api.apply(bad);
     }
     api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
-    let d = Daemon::start_on(&api);
+    let d = Daemon::start_on(&api, wire);
 
     let s = d
         .wait_state((0, 0), Duration::from_secs(30), |s| s.services.len() == 502)
         .await;
+    wire.check(&api);
     for svc in &s.services {
         let name = &svc.service.as_ref().unwrap().name;
         let want = if name.starts_with("svc-") { 4 } else { 0 };
@@ -436,8 +452,7 @@ async fn a_twelve_megabyte_list_in_one_piece_syncs_whole() {
 /// such as `10.96.0.010`; kube-proxy reads every address and CIDR of a
 /// Service, an EndpointSlice and a Node with leading zeros as decimal.
 /// They are served, in canonical form.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn addresses_with_leading_zeros_are_read_as_decimal() {
+async fn addresses_with_leading_zeros_are_read_as_decimal(wire: Wire) {
     let api = FakeApiServer::start().await;
     let mut svc = service("default", "web", "10.96.0.010");
     svc["spec"]["type"] = json!("LoadBalancer");
@@ -450,11 +465,12 @@ async fn addresses_with_leading_zeros_are_read_as_decimal() {
     api.apply(json!({"apiVersion": "v1", "kind": "Node",
         "metadata": {"name": "n1"},
         "status": {"addresses": [{"type": "InternalIP", "address": "192.168.001.002"}]}}));
-    let d = Daemon::start_on(&api);
+    let d = Daemon::start_on(&api, wire);
 
     let s = d
         .wait_state((0, 0), Duration::from_secs(10), |_| true)
         .await;
+    wire.check(&api);
     assert_eq!(names(&s), ["web"], "log:\n{}", d.log_text());
     assert_eq!(cluster_ip(&s, "web"), "10.96.0.10");
     let web = s.services[0].service.as_ref().unwrap();

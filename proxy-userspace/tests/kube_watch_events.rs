@@ -7,7 +7,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::fake_apiserver::service_object as service;
-use common::{service_names as names, Daemon};
+use common::{service_names as names, Daemon, Wire};
+
+on_each_wire!(
+    a_watch_event_of_an_unknown_type_is_logged_once_and_counted,
+    an_api_server_outage_writes_a_few_lines_not_a_flood,
+);
 
 /// `ebpf_kube_proxy_rejected_objects_total{reason, source="kube"}` once it
 /// is at least `min` (bounded wait).
@@ -29,9 +34,8 @@ async fn rejected(d: &Daemon, reason: &str, min: f64) -> f64 {
 /// A watch event of a type the API does not define is logged once with
 /// its type and counted as `undecodable`; it changes nothing, is not a
 /// watch error (no staleness, no backoff), and the events after it flow.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_watch_event_of_an_unknown_type_is_logged_once_and_counted() {
-    let (api, d, s) = common::kube_daemon_with(&[("web", "10.96.0.10")]).await;
+async fn a_watch_event_of_an_unknown_type_is_logged_once_and_counted(wire: Wire) {
+    let (api, d, s) = common::kube_daemon_with(&[("web", "10.96.0.10")], wire).await;
     assert_eq!(rejected(&d, "undecodable", 0.0).await, 0.0);
 
     api.send_event("RESYNC", service("default", "ghost", "10.96.0.30"));
@@ -65,9 +69,8 @@ async fn a_watch_event_of_an_unknown_type_is_logged_once_and_counted() {
 /// failed request of every watcher (41 lines in 20 s before: kube-rs'
 /// error line for each request and the source's warning for each retry).
 /// The tests run the daemon with `RUST_LOG=info`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_api_server_outage_writes_a_few_lines_not_a_flood() {
-    let (api, d, s) = common::kube_daemon_with(&[("web", "10.96.0.10")]).await;
+async fn an_api_server_outage_writes_a_few_lines_not_a_flood(wire: Wire) {
+    let (api, d, s) = common::kube_daemon_with(&[("web", "10.96.0.10")], wire).await;
     let before = d.log_text().lines().count();
     api.set_down(true);
     tokio::time::sleep(Duration::from_secs(20)).await;

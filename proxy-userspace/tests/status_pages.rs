@@ -267,6 +267,11 @@ fn flagz_shows_every_flag_once_with_its_effective_value_and_hides_secrets() {
     assert_eq!(value("hostname-override"), "n1");
     assert_eq!(value("metrics-bind-address"), d.metrics.to_string());
     assert_eq!(value("kubeconfig"), "", "unset: empty");
+    assert_eq!(
+        value("kube-api-content-type"),
+        "application/vnd.kubernetes.protobuf",
+        "the encoding asked of the API server, kube-proxy's default"
+    );
     assert_eq!(value("v"), "2");
     assert_eq!(
         value("master"),

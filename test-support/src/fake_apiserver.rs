@@ -18,6 +18,11 @@
 //!   request answered with an HTTP error such as 500) and
 //!   [`FakeApiServer::restart`] (a new resourceVersion history);
 //!   [`FakeApiServer::objects`] reads back what it holds.
+//! * Every answer but `/version` comes in protobuf when the request's
+//!   `Accept` asks for it first, as an API server answers (lists, watch
+//!   frames, `Status`; [`pb`]), else in JSON. [`FakeApiServer::set_json_only`]
+//!   makes it answer JSON whatever is asked, as a server without protobuf
+//!   support would.
 
 #![allow(dead_code)]
 
@@ -35,6 +40,8 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
+
+pub mod pb;
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
@@ -66,12 +73,27 @@ struct WatchEvent {
 struct Stored {
     value: Value,
     json: Bytes,
+    /// Its protobuf message, made when first asked for.
+    pb: std::sync::OnceLock<Bytes>,
 }
 
 impl Stored {
     fn new(value: Value) -> Stored {
         let json = Bytes::from(value.to_string());
-        Stored { value, json }
+        Stored {
+            value,
+            json,
+            pb: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn pb(&self) -> Bytes {
+        self.pb
+            .get_or_init(|| {
+                let kind = self.value["kind"].as_str().unwrap_or("");
+                Bytes::from(pb::object_message(kind, &self.value))
+            })
+            .clone()
     }
 }
 
@@ -97,6 +119,10 @@ struct State {
     continue_requests: u64,
     /// See [`FakeApiServer::set_unpaged`].
     unpaged: bool,
+    /// See [`FakeApiServer::set_json_only`].
+    json_only: bool,
+    /// Lists and watches answered in protobuf, and in JSON.
+    answers: (u64, u64),
 }
 
 impl State {
@@ -275,6 +301,11 @@ impl FakeApiServer {
         self.state.lock().unwrap().unpaged = unpaged;
     }
 
+    /// While set, every answer is JSON, whatever the request accepts.
+    pub fn set_json_only(&self, json_only: bool) {
+        self.state.lock().unwrap().json_only = json_only;
+    }
+
     /// Ends every open watch stream (clients re-watch from their last rv).
     pub fn drop_watches(&self) {
         self.state.lock().unwrap().generation += 1;
@@ -343,6 +374,11 @@ impl FakeApiServer {
         self.state.lock().unwrap().posted_events.clone()
     }
 
+    /// The lists and watches answered so far in protobuf, and in JSON.
+    pub fn answers(&self) -> (u64, u64) {
+        self.state.lock().unwrap().answers
+    }
+
     pub fn requests(&self) -> u64 {
         self.state.lock().unwrap().requests
     }
@@ -364,6 +400,18 @@ fn full(status: StatusCode, body: Value) -> Response<Body> {
         .status(status)
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body.to_string())).boxed())
+        .unwrap()
+}
+
+/// A `Status` answer, in protobuf when `protobuf`.
+fn status_reply(protobuf: bool, status: StatusCode, body: Value) -> Response<Body> {
+    if !protobuf {
+        return full(status, body);
+    }
+    Response::builder()
+        .status(status)
+        .header("content-type", pb::CONTENT_TYPE)
+        .body(Full::new(Bytes::from(pb::status(&body))).boxed())
         .unwrap()
 }
 
@@ -527,15 +575,22 @@ fn handle(
     state: Arc<Mutex<State>>,
     changed: watch::Sender<u64>,
 ) -> Response<Body> {
-    let (down, failing) = {
+    let (down, failing, json_only) = {
         let mut st = state.lock().unwrap();
         st.requests += 1;
-        (st.down, st.failing)
+        (st.down, st.failing, st.json_only)
     };
+    let protobuf = !json_only
+        && pb::wants_protobuf(
+            req.headers()
+                .get(hyper::header::ACCEPT)
+                .and_then(|a| a.to_str().ok()),
+        );
     if down {
         // A request on a connection opened before the outage: answer as a
         // failing API server would, and drop the connection.
-        let mut r = full(
+        let mut r = status_reply(
+            protobuf,
             StatusCode::SERVICE_UNAVAILABLE,
             status_body(503, "ServiceUnavailable", "down"),
         );
@@ -547,7 +602,11 @@ fn handle(
     }
     if let Some(code) = failing {
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        return full(status, status_body(code, "InternalError", "failing"));
+        return status_reply(
+            protobuf,
+            status,
+            status_body(code, "InternalError", "failing"),
+        );
     }
     let path = req.uri().path().to_owned();
     if path == "/version" {
@@ -559,11 +618,20 @@ fn handle(
         );
     }
     let Some(&(_, list_kind, kind, api_version)) = COLLECTIONS.iter().find(|c| c.0 == path) else {
-        return full(
+        return status_reply(
+            protobuf,
             StatusCode::NOT_FOUND,
             status_body(404, "NotFound", &format!("no route {path}")),
         );
     };
+    {
+        let mut st = state.lock().unwrap();
+        if protobuf {
+            st.answers.0 += 1;
+        } else {
+            st.answers.1 += 1;
+        }
+    }
     let q = query(&req);
     let labels = q.get("labelSelector").cloned().unwrap_or_default();
     let fields = q.get("fieldSelector").cloned().unwrap_or_default();
@@ -579,7 +647,8 @@ fn handle(
             None => (None, None),
             Some(Some((rv, key))) => (Some(rv), Some(key)),
             Some(None) => {
-                return full(
+                return status_reply(
+                    protobuf,
                     StatusCode::BAD_REQUEST,
                     status_body(400, "BadRequest", "invalid continue token"),
                 );
@@ -589,7 +658,8 @@ fn handle(
         if after.is_some() && st.expires_continue() {
             drop(st);
             changed.send_modify(|g| *g += 1);
-            return full(
+            return status_reply(
+                protobuf,
                 StatusCode::GONE,
                 status_body(410, "Expired", "the continue token has expired"),
             );
@@ -610,10 +680,29 @@ fn handle(
             .take(limit.saturating_add(1))
             .collect();
         let mut metadata = json!({"resourceVersion": rv.to_string()});
+        let mut continue_token = None;
         if page.len() > limit {
             page.truncate(limit);
             let (ns, name) = page[limit - 1].0;
-            metadata["continue"] = json!(format!("{rv}/{ns}/{name}"));
+            let token = format!("{rv}/{ns}/{name}");
+            metadata["continue"] = json!(token);
+            continue_token = Some(token);
+        }
+        if protobuf {
+            let items: Vec<Bytes> = page.iter().map(|(_, o)| o.pb()).collect();
+            drop(st);
+            let body = pb::list(
+                api_version,
+                list_kind,
+                &rv.to_string(),
+                continue_token.as_deref(),
+                &items,
+            );
+            return Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", pb::CONTENT_TYPE)
+                .body(Full::new(Bytes::from(body)).boxed())
+                .unwrap();
         }
         let items: Vec<Bytes> = page.iter().map(|(_, o)| o.json.clone()).collect();
         drop(st);
@@ -635,7 +724,26 @@ fn handle(
     let kind = kind.to_owned();
     let api_version = api_version.to_owned();
     tokio::spawn(async move {
-        let line = |v: Value| Ok(Frame::data(Bytes::from(format!("{v}\n"))));
+        // One event, in the encoding asked for.
+        let line = |v: Value| {
+            if !protobuf {
+                return Ok(Frame::data(Bytes::from(format!("{v}\n"))));
+            }
+            let event = v["type"].as_str().unwrap_or("");
+            let object = &v["object"];
+            // The collection's kind and version, as an API server's
+            // envelope names them.
+            let raw = match event {
+                "ERROR" => pb::status(object),
+                "BOOKMARK" => pb::bookmark(
+                    &api_version,
+                    &kind,
+                    object["metadata"]["resourceVersion"].as_str().unwrap_or(""),
+                ),
+                _ => pb::enveloped_object(&api_version, &kind, object),
+            };
+            Ok(Frame::data(pb::watch_frame(event, raw)))
+        };
         let (generation, expired) = {
             let st = state.lock().unwrap();
             (st.generation, from < st.oldest_rv)
@@ -699,9 +807,14 @@ fn handle(
             }
         }
     });
+    let content_type = if protobuf {
+        pb::WATCH_CONTENT_TYPE
+    } else {
+        "application/json"
+    };
     Response::builder()
         .status(StatusCode::OK)
-        .header("content-type", "application/json")
+        .header("content-type", content_type)
         .body(BodyExt::boxed(StreamBody::new(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))

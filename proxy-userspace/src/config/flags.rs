@@ -81,6 +81,16 @@ pub struct DaemonFlags {
     #[arg(global = true, long, value_name = "PATH", default_value = "")]
     pub kubeconfig: String,
 
+    /// Encoding asked of the API server: application/vnd.kubernetes.protobuf
+    /// (JSON still read when the server answers JSON) or application/json.
+    #[arg(
+        global = true,
+        long,
+        value_name = "TYPE",
+        default_value = "application/vnd.kubernetes.protobuf"
+    )]
+    pub kube_api_content_type: String,
+
     /// Address of the API server, overriding the kubeconfig's.
     #[arg(global = true, long, value_name = "URL", default_value = "")]
     // The URL may carry user-info (credentials).

@@ -37,7 +37,29 @@ pub enum SourceConfig {
     /// The API server; `master` overrides the kubeconfig's server URL.
     Kube {
         master: Option<String>,
+        content_type: KubeContentType,
     },
+}
+
+/// The encoding asked of the API server (`--kube-api-content-type`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KubeContentType {
+    /// `application/vnd.kubernetes.protobuf`, kube-proxy's default: JSON
+    /// is still read when the server answers JSON.
+    #[default]
+    Protobuf,
+    /// `application/json`.
+    Json,
+}
+
+impl KubeContentType {
+    pub fn parse(s: &str) -> Option<KubeContentType> {
+        match s.trim() {
+            "application/vnd.kubernetes.protobuf" => Some(KubeContentType::Protobuf),
+            "application/json" => Some(KubeContentType::Json),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -157,6 +179,15 @@ impl Config {
             },
             SourceKind::Kube => SourceConfig::Kube {
                 master: Some(f.master.trim().to_owned()).filter(|m| !m.is_empty()),
+                content_type: KubeContentType::parse(&f.kube_api_content_type).ok_or_else(
+                    || {
+                        err(
+                            "kube-api-content-type",
+                            &f.kube_api_content_type,
+                            "application/vnd.kubernetes.protobuf or application/json",
+                        )
+                    },
+                )?,
             },
         };
         let localnet_bind_address = match f.localnet_bind_address.trim() {
@@ -427,7 +458,10 @@ mod tests {
         assert_eq!(parse(&["--source", "file"]).unwrap_err().flag, "manifests");
         assert_eq!(
             parse(&[]).unwrap().source,
-            SourceConfig::Kube { master: None },
+            SourceConfig::Kube {
+                master: None,
+                content_type: KubeContentType::Protobuf,
+            },
             "kube is the default source"
         );
     }

@@ -11,7 +11,8 @@
 //! retried with kube-rs' default backoff (exponential with jitter); during an
 //! outage the last state keeps serving.
 //!
-//! Objects are read as raw JSON and checked one by one, so a bad object
+//! Objects are read as protobuf (`--kube-api-content-type`, by default;
+//! [`pb`], [`pb_body`]) or raw JSON and checked one by one, so a bad object
 //! (one the API server should have refused, or one no typed client can
 //! decode) is refused alone, logged with its kind, namespace and name, and
 //! keeps its last good version, also across a relist; every other object of
@@ -42,9 +43,12 @@ use tokio_util::sync::CancellationToken;
 
 mod events;
 mod known;
+mod pb;
+mod pb_body;
 mod raw;
 
 use super::{RejectReason, SourceMessage, SourceSender};
+use crate::config::KubeContentType;
 use crate::model::cluster::proxy_label_selector;
 use crate::model::{Change, Object, ObjectKey, ObjectKind, ObjectRef};
 use known::Known;
@@ -101,10 +105,13 @@ impl ApiServer {
 
 /// Builds the API client: `--kubeconfig` when given, else the in-cluster
 /// configuration (or `$KUBECONFIG` / `~/.kube/config`); `--master`
-/// overrides the server URL, as in kube-proxy.
+/// overrides the server URL, as in kube-proxy. `content_type` is the
+/// encoding asked for ([`pb`]: protobuf, read into the same wire types
+/// as JSON).
 pub async fn client(
     kubeconfig: Option<&std::path::Path>,
     master: Option<&str>,
+    content_type: KubeContentType,
 ) -> Result<(Client, ApiServer), KubeSourceError> {
     let mut in_cluster = false;
     let mut config = match kubeconfig {
@@ -147,7 +154,11 @@ pub async fn client(
     let client = kube::client::ClientBuilder::try_from(config)
         .map_err(|e| KubeSourceError::Client(e.to_string()))?
         .with_layer(&tower::layer::layer_fn(move |inner| {
-            events::Filtered::new(inner, unknown_events.clone())
+            events::Filtered::new(
+                inner,
+                unknown_events.clone(),
+                content_type == KubeContentType::Protobuf,
+            )
         }))
         .build();
     Ok((client, server))

@@ -223,12 +223,13 @@ impl Daemon {
     }
 
     /// The daemon on the kube source against `api` (a kubeconfig for it in
-    /// the daemon's own directory).
-    pub fn start_on(api: &fake_apiserver::FakeApiServer) -> Daemon {
+    /// the daemon's own directory), on the encoding `wire`.
+    pub fn start_on(api: &fake_apiserver::FakeApiServer, wire: Wire) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         api.write_kubeconfig(&kubeconfig);
-        Daemon::start_kube(dir, &kubeconfig, &[])
+        wire.prepare(api);
+        Daemon::start_kube(dir, &kubeconfig, wire.args())
     }
 
     pub async fn unix(&self) -> EndpointsClient<Channel> {
@@ -417,19 +418,87 @@ pub fn service_names(s: &client::State) -> Vec<String> {
         .collect()
 }
 
+/// The encoding between the daemon and the fake API server: each kube
+/// source test runs on each ([`on_each_wire`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    /// Protobuf, the daemon's default (kube-proxy's).
+    Protobuf,
+    /// `--kube-api-content-type application/json`.
+    Json,
+    /// Protobuf asked for, JSON answered (a server without protobuf).
+    JsonAnswered,
+}
+
+impl Wire {
+    pub fn args(self) -> &'static [&'static str] {
+        match self {
+            Wire::Protobuf => &[
+                "--kube-api-content-type",
+                "application/vnd.kubernetes.protobuf",
+            ],
+            Wire::Json => &["--kube-api-content-type", "application/json"],
+            Wire::JsonAnswered => &[],
+        }
+    }
+
+    fn prepare(self, api: &fake_apiserver::FakeApiServer) {
+        api.set_json_only(self == Wire::JsonAnswered);
+    }
+
+    /// Fails unless every list and watch `api` answered was in this
+    /// encoding.
+    pub fn check(self, api: &fake_apiserver::FakeApiServer) {
+        let (protobuf, json) = api.answers();
+        match self {
+            Wire::Protobuf => assert!(
+                protobuf > 0 && json == 0,
+                "{protobuf} answers in protobuf, {json} in JSON"
+            ),
+            Wire::Json | Wire::JsonAnswered => assert!(
+                json > 0 && protobuf == 0,
+                "{protobuf} answers in protobuf, {json} in JSON"
+            ),
+        }
+    }
+}
+
+/// `#[tokio::test]`s named `protobuf::T` and `json::T` for each
+/// `async fn T(wire: Wire)` given.
+#[macro_export]
+macro_rules! on_each_wire {
+    ($($test:ident),* $(,)?) => {
+        mod protobuf {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                super::$test(super::common::Wire::Protobuf).await
+            })*
+        }
+        mod json {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                super::$test(super::common::Wire::Json).await
+            })*
+        }
+    };
+}
+
 /// A fake API server holding node n1 and the ClusterIP services
-/// (name, address) of `default`, and the daemon on it with its first state.
+/// (name, address) of `default`, and the daemon on it (on `wire`) with
+/// its first state.
 pub async fn kube_daemon_with(
     services: &[(&str, &str)],
+    wire: Wire,
 ) -> (fake_apiserver::FakeApiServer, Daemon, client::State) {
     let api = fake_apiserver::FakeApiServer::start().await;
     for (name, ip) in services {
         api.apply(fake_apiserver::service_object("default", name, ip));
     }
     api.apply(serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
-    let d = Daemon::start_on(&api);
+    let d = Daemon::start_on(&api, wire);
     let s = d
         .wait_state((0, 0), Duration::from_secs(10), |_| true)
         .await;
+    wire.check(&api);
     (api, d, s)
 }

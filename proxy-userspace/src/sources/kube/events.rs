@@ -8,6 +8,12 @@
 //! stale. Instead each such line is dropped from the response here,
 //! logged once (one line per event) with its type, and counted: the source reports it as a
 //! rejected object (`undecodable`).
+//!
+//! The same layer asks for protobuf when `--kube-api-content-type` says
+//! so (`Accept: application/vnd.kubernetes.protobuf, application/json`,
+//! as client-go asks) and re-frames a protobuf answer for kube-rs
+//! ([`super::pb_body`]); an answer in JSON (a server that does not
+//! speak protobuf) is read as JSON.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -20,6 +26,8 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use kube::client::{Body as KubeBody, DynBody};
 
+use super::pb_body;
+
 /// The event types of the watch protocol.
 const KNOWN: [&str; 5] = ["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"];
 
@@ -31,7 +39,7 @@ pub struct UnknownEvents {
 }
 
 impl UnknownEvents {
-    fn record(&self, resource: &str, event_type: &str) {
+    pub(super) fn record(&self, resource: &str, event_type: &str) {
         tracing::warn!(
             resource,
             event_type,
@@ -47,16 +55,32 @@ impl UnknownEvents {
     }
 }
 
-/// The kube client's HTTP service with watch responses filtered.
+/// The kube client's HTTP service with watch responses filtered, and
+/// protobuf asked for and read when `protobuf`.
 pub struct Filtered<S> {
     inner: S,
     unknown: Arc<UnknownEvents>,
+    protobuf: bool,
 }
 
 impl<S> Filtered<S> {
-    pub fn new(inner: S, unknown: Arc<UnknownEvents>) -> Self {
-        Self { inner, unknown }
+    pub fn new(inner: S, unknown: Arc<UnknownEvents>, protobuf: bool) -> Self {
+        Self {
+            inner,
+            unknown,
+            protobuf,
+        }
     }
+}
+
+/// What a protobuf-capable client accepts, as client-go's.
+const ACCEPT_PROTOBUF: &str = "application/vnd.kubernetes.protobuf, application/json";
+
+/// Whether `path` is a collection the source lists and watches.
+fn is_watched_collection(path: &str) -> bool {
+    ["/services", "/endpointslices", "/nodes", "/pods"]
+        .iter()
+        .any(|c| path.ends_with(c))
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -74,24 +98,108 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<KubeBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<KubeBody>) -> Self::Future {
         let watch = req
             .uri()
             .query()
             .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
-        let filter = watch.then(|| LineFilter::new(req.uri().path(), self.unknown.clone()));
+        let path = req.uri().path().to_owned();
+        if self.protobuf && req.method() == http::Method::GET && is_watched_collection(&path) {
+            req.headers_mut().insert(
+                http::header::ACCEPT,
+                http::HeaderValue::from_static(ACCEPT_PROTOBUF),
+            );
+        }
+        let unknown = self.unknown.clone();
         let response = self.inner.call(req);
         Box::pin(async move {
             let response = response.await?;
-            Ok(response.map(|inner| FilteredBody { inner, filter }))
+            if !pb_body::is_protobuf(response.headers().get(http::header::CONTENT_TYPE)) {
+                let filter = watch.then(|| Filter::Lines(LineFilter::new(&path, unknown)));
+                return Ok(response.map(|inner| FilteredBody { inner, filter }));
+            }
+            let (mut parts, body) = response.into_parts();
+            parts.headers.insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            if watch && parts.status.is_success() {
+                let filter = Some(Filter::Frames(pb_body::WatchFrames::new(&path, unknown)));
+                return Ok(Response::from_parts(
+                    parts,
+                    FilteredBody {
+                        inner: body,
+                        filter,
+                    },
+                ));
+            }
+            // A list or an error: read whole, then re-framed.
+            let json = match http_body_util::BodyExt::collect(body).await {
+                Ok(collected) => {
+                    pb_body::answer_to_json(&collected.to_bytes()).unwrap_or_else(|e| {
+                        if parts.status.is_success() {
+                            parts.status = http::StatusCode::INTERNAL_SERVER_ERROR;
+                        }
+                        pb_body::unreadable(parts.status.as_u16(), &e)
+                    })
+                }
+                Err(e) => {
+                    if parts.status.is_success() {
+                        parts.status = http::StatusCode::BAD_GATEWAY;
+                    }
+                    pb_body::unreadable(parts.status.as_u16(), &format!("reading it: {e}"))
+                }
+            };
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            let full = http_body_util::Full::new(Bytes::from(json));
+            let inner: Box<DynBody> = Box::new(http_body_util::BodyExt::map_err(
+                full,
+                |never: std::convert::Infallible| match never {},
+            ));
+            Ok(Response::from_parts(
+                parts,
+                FilteredBody {
+                    inner,
+                    filter: None,
+                },
+            ))
         })
     }
 }
 
-/// A response body; a watch response's is passed through [`LineFilter`].
+/// A response body; a watch response's is passed through [`LineFilter`]
+/// (JSON) or [`pb_body::WatchFrames`] (protobuf).
 pub struct FilteredBody {
     inner: Box<DynBody>,
-    filter: Option<LineFilter>,
+    filter: Option<Filter>,
+}
+
+enum Filter {
+    Lines(LineFilter),
+    Frames(pb_body::WatchFrames),
+}
+
+impl Filter {
+    fn push(&mut self, data: &[u8]) -> Bytes {
+        match self {
+            Filter::Lines(f) => f.push(data),
+            Filter::Frames(f) => f.push(data),
+        }
+    }
+
+    fn finish(&mut self) -> Bytes {
+        match self {
+            Filter::Lines(f) => f.finish(),
+            Filter::Frames(f) => f.finish(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Filter::Lines(f) => f.is_empty(),
+            Filter::Frames(f) => f.is_empty(),
+        }
+    }
 }
 
 impl Body for FilteredBody {
@@ -128,7 +236,7 @@ impl Body for FilteredBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream() && self.filter.as_ref().is_none_or(LineFilter::is_empty)
+        self.inner.is_end_stream() && self.filter.as_ref().is_none_or(Filter::is_empty)
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -1,8 +1,12 @@
 //! API objects as the watchers read them ([`RawObject`]): their text,
-//! when serde_json offers it, checked later ([`RawObject::check`]) and
-//! kept as the model's object or the reason it was refused.
+//! when serde_json offers it, or their protobuf message (carried in the
+//! JSON as [`super::pb_body`] writes it), checked later
+//! ([`RawObject::check`]) and kept as the model's object or the reason it
+//! was refused.
 
 use std::borrow::Cow;
+
+use bytes::Bytes;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -14,13 +18,14 @@ use serde::Deserialize;
 
 use super::super::objects::{self, Decoded, ObjectError, Project};
 use super::super::wire::Text;
-use super::{known, Update};
+use super::pb::{self as pbwire, FromPb};
+use super::{known, pb_body, Update};
 use crate::model::{Object, ObjectKind, ObjectRef};
 
 /// A resource the source watches, and the kind its objects have in the
 /// model.
 pub(super) trait Watched:
-    Resource<DynamicType = ()> + Project + Clone + std::fmt::Debug + Send + Sync + 'static
+    Resource<DynamicType = ()> + Project + FromPb + Clone + std::fmt::Debug + Send + Sync + 'static
 {
     const KIND: ObjectKind;
 }
@@ -62,7 +67,10 @@ pub(super) struct RawObject<K> {
 #[derive(Clone, Debug)]
 enum Content {
     /// The object's JSON text, not read yet.
-    Text(Waiting),
+    Text(Waiting<Box<str>>),
+    /// The object's protobuf message (or an envelope holding it), not
+    /// read yet.
+    Proto(Waiting<Bytes>),
     Checked(Checked),
 }
 
@@ -74,32 +82,49 @@ static WAITING: AtomicUsize = AtomicUsize::new(0);
 /// as items. Pages of 500 objects stay far below it.
 const WAITING_MAX: usize = 8 << 20;
 
-/// An object's text, counted in [`WAITING`] while it lives.
+/// An object's text or message, counted in [`WAITING`] while it lives.
 #[derive(Debug)]
-struct Waiting(Box<str>);
+struct Waiting<T: Held>(T);
 
-impl Waiting {
-    /// `None` when [`WAITING_MAX`] would be passed.
-    fn new(text: &str) -> Option<Waiting> {
-        WAITING
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                n.checked_add(text.len()).filter(|&m| m <= WAITING_MAX)
-            })
-            .ok()
-            .map(|_| Waiting(text.into()))
+/// What waits: an object's text or its protobuf message.
+trait Held: Clone {
+    fn size(&self) -> usize;
+}
+
+impl Held for Box<str> {
+    fn size(&self) -> usize {
+        self.len()
     }
 }
 
-impl Clone for Waiting {
+impl Held for Bytes {
+    fn size(&self) -> usize {
+        self.len()
+    }
+}
+
+impl<T: Held> Waiting<T> {
+    /// `None` when [`WAITING_MAX`] would be passed.
+    fn new(held: T) -> Result<Waiting<T>, T> {
+        match WAITING.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            n.checked_add(held.size()).filter(|&m| m <= WAITING_MAX)
+        }) {
+            Ok(_) => Ok(Waiting(held)),
+            Err(_) => Err(held),
+        }
+    }
+}
+
+impl<T: Held> Clone for Waiting<T> {
     fn clone(&self) -> Self {
-        WAITING.fetch_add(self.0.len(), Ordering::Relaxed);
+        WAITING.fetch_add(self.0.size(), Ordering::Relaxed);
         Waiting(self.0.clone())
     }
 }
 
-impl Drop for Waiting {
+impl<T: Held> Drop for Waiting<T> {
     fn drop(&mut self) {
-        WAITING.fetch_sub(self.0.len(), Ordering::Relaxed);
+        WAITING.fetch_sub(self.0.size(), Ordering::Relaxed);
     }
 }
 
@@ -149,9 +174,23 @@ impl<'de, K: Watched> serde::de::Visitor<'de> for ObjectVisitor<K> {
                 // The object's own text, checked later (or now, when too
                 // much text waits).
                 let Text(text) = map.next_value()?;
-                let content = match Waiting::new(&text) {
-                    Some(waiting) => Content::Text(waiting),
-                    None => Content::Checked(RawObject::<K>::check_text(&text)),
+                let content = match pb_body::object_bytes(&text) {
+                    Some(Ok(bytes)) => match Waiting::new(bytes) {
+                        Ok(waiting) => Content::Proto(waiting),
+                        Err(bytes) => Content::Checked(RawObject::<K>::check_pb(&bytes)),
+                    },
+                    Some(Err(reason)) => Content::Checked(RawObject::<K>::refused_pb(
+                        &Bytes::new(),
+                        ObjectError {
+                            field: "object".to_owned(),
+                            reason,
+                            undecodable: true,
+                        },
+                    )),
+                    None => match Waiting::new(Box::<str>::from(&*text)) {
+                        Ok(waiting) => Content::Text(waiting),
+                        Err(text) => Content::Checked(RawObject::<K>::check_text(&text)),
+                    },
                 };
                 return Ok(RawObject::new(content));
             }
@@ -183,6 +222,42 @@ impl<K: Watched> RawObject<K> {
         match self.content {
             Content::Checked(c) => c,
             Content::Text(waiting) => Self::check_text(&waiting.0),
+            Content::Proto(waiting) => Self::check_pb(&waiting.0),
+        }
+    }
+
+    /// Checks an object read from protobuf: its message decoded
+    /// ([`pbwire`]) into the wire type the JSON path reads, then checked
+    /// as that is.
+    fn check_pb(bytes: &Bytes) -> Checked {
+        let message = match pbwire::message_of::<K>(bytes) {
+            Ok(m) => m,
+            Err(error) => return Self::refused_pb(&Bytes::new(), error),
+        };
+        let pb = match pbwire::decode::<K>(message.clone()) {
+            Ok(pb) => pb,
+            Err(error) => return Self::refused_pb(&message, error),
+        };
+        let checked = match K::wire(&pb) {
+            Ok(wire) => Self::typed(wire),
+            Err(error) => Self::refused_pb(&message, error),
+        };
+        checked
+    }
+
+    /// An object read from protobuf that failed before its checks, named
+    /// by what of its head `message` holds.
+    fn refused_pb(message: &Bytes, error: ObjectError) -> Checked {
+        let head = pbwire::head(message).unwrap_or_default();
+        let reference =
+            objects::object_ref_of(K::KIND, head.name.as_deref(), head.namespace.as_deref());
+        Checked {
+            resource_version: head.resource_version,
+            decoded: Err(Rejection {
+                object: reference.clone().ok(),
+                error,
+            }),
+            reference,
         }
     }
 
@@ -238,6 +313,18 @@ impl<K: Watched> RawObject<K> {
     pub(super) fn version(&self) -> Option<(ObjectRef, u64)> {
         match &self.content {
             Content::Checked(c) => Some((c.reference.clone().ok()?, c.version()?)),
+            Content::Proto(waiting) => {
+                let message = pbwire::message_of::<K>(&waiting.0).ok()?;
+                let head = pbwire::head(&message)?;
+                let rv = known::version(head.resource_version.as_deref())?;
+                let reference = objects::object_ref_of(
+                    K::KIND,
+                    head.name.as_deref(),
+                    head.namespace.as_deref(),
+                )
+                .ok()?;
+                Some((reference, rv))
+            }
             Content::Text(waiting) => {
                 #[derive(Deserialize)]
                 struct Object<'a> {
@@ -293,7 +380,7 @@ fn resource_version_of(text: &str) -> Option<String> {
         .resource_version
 }
 
-impl<K: Resource> Resource for RawObject<K> {
+impl<K: Watched> Resource for RawObject<K> {
     type DynamicType = K::DynamicType;
     type Scope = K::Scope;
     fn kind(dt: &Self::DynamicType) -> Cow<'_, str> {
@@ -312,6 +399,10 @@ impl<K: Resource> Resource for RawObject<K> {
         self.metadata.get_or_init(|| {
             let resource_version = match &self.content {
                 Content::Text(waiting) => resource_version_of(&waiting.0),
+                Content::Proto(waiting) => pbwire::message_of::<K>(&waiting.0)
+                    .ok()
+                    .and_then(|m| pbwire::head(&m))
+                    .and_then(|h| h.resource_version),
                 Content::Checked(c) => c.resource_version.clone(),
             };
             Box::new(ObjectMeta {
