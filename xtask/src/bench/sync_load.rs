@@ -331,13 +331,21 @@ fn cell(settings: &Settings, datapath: &str, row: &mut Row) -> Result<()> {
                 generation += 1;
                 let rev = daemon::progress(&bed)?.programmed_rev;
                 bed.apply_manifests(&manifests(&bed, generation))?;
-                daemon::wait_for(
+                let waited = daemon::wait_for(
                     &mut bed,
                     Duration::from_secs(10),
                     Duration::from_millis(2),
                     "a partial sync",
                     |p| p.programmed_rev > rev && p.programmed_rev == p.state_rev,
-                )?;
+                );
+                if let Err(e) = waited {
+                    // Whether the daemon did not see the change (no new
+                    // state) or did not program it.
+                    let now = daemon::progress(&bed).ok();
+                    return Err(e.context(format!(
+                        "generation {generation} written when rev {rev} was programmed; now {now:?}"
+                    )));
+                }
                 row.partials += 1;
             }
             if fulls < settings.full_syncs
