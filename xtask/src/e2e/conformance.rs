@@ -11,10 +11,11 @@
 //! or XPASS (listed there but passed: counted as failed, so that the list
 //! is trimmed when a fix lands). The closing line is `N passed, N failed`.
 //!
-//! The results of a run are kept in `target/conformance/<mode>.json`; with
-//! both datapaths' results there, `docs/conformance.md` is written from them
-//! (at the end of a run of both datapaths without `--filter`, or with
-//! `--write-docs` alone).
+//! The results of a run are kept in `target/conformance/<mode>.json` (a
+//! `--filter` run replaces the rows of the scenarios it ran and keeps the
+//! others); with both datapaths' results there, `docs/conformance.md` is
+//! written from them (at the end of a run of both datapaths without
+//! `--filter`, or with `--write-docs` alone).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -249,6 +250,38 @@ pub fn save(root: &Path, mode: &str, rows: &[Row]) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
+/// Keeps the rows of a filtered run: they replace the kept rows of the
+/// same scenarios, the others stay (rows of scenarios that no longer exist
+/// go). Nothing kept yet: only these rows.
+fn save_over(root: &Path, mode: &str, rows: &[Row]) -> Result<()> {
+    let path = results_path(root, mode);
+    let kept: Vec<Value> = match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let merged = merge_rows(kept, rows_json(rows), &scenarios::conformance());
+    std::fs::create_dir_all(path.parent().context("results dir")?)?;
+    std::fs::write(&path, serde_json::to_vec_pretty(&merged)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// `kept` with the rows of `fresh` in place of its rows of the same name,
+/// in the order of `cases`; a row of no case is dropped.
+fn merge_rows(kept: Vec<Value>, fresh: Value, cases: &[Case]) -> Value {
+    let fresh = fresh.as_array().cloned().unwrap_or_default();
+    let row_of = |name: &str| {
+        fresh
+            .iter()
+            .chain(kept.iter())
+            .find(|r| r["name"].as_str() == Some(name))
+            .cloned()
+    };
+    Value::Array(cases.iter().filter_map(|c| row_of(c.name)).collect())
+}
+
 /// The closing counts: (passed, failed, expected failures, not applicable).
 pub fn counts(rows: &[Row]) -> (usize, usize, usize, usize) {
     let n = |f: &dyn Fn(Outcome) -> bool| rows.iter().filter(|r| f(r.outcome)).count();
@@ -392,6 +425,8 @@ fn run_modes(root: &Path, opts: &Options) -> Result<Vec<Row>> {
         let mode_rows = run_mode(root, mode, opts)?;
         if opts.filter.is_none() {
             save(root, mode, &mode_rows)?;
+        } else {
+            save_over(root, mode, &mode_rows)?;
         }
         let (passed, failed, xfail, na) = counts(&mode_rows);
         let line = format!(
@@ -438,6 +473,23 @@ mod tests {
             assert!(c.name.starts_with("[sig-network] "), "{}", c.name);
             assert!(seen.insert(c.name), "duplicate {}", c.name);
         }
+    }
+
+    #[test]
+    fn a_filtered_run_replaces_only_its_rows() {
+        let cases = scenarios::conformance();
+        let (a, b) = (cases[0].name, cases[1].name);
+        let kept = vec![
+            json!({"name": b, "result": "FAIL"}),
+            json!({"name": a, "result": "FAIL"}),
+            json!({"name": "a test that is gone", "result": "PASS"}),
+        ];
+        let fresh = json!([{"name": a, "result": "PASS"}]);
+        let merged = merge_rows(kept, fresh, &cases);
+        assert_eq!(
+            merged,
+            json!([{"name": a, "result": "PASS"}, {"name": b, "result": "FAIL"}])
+        );
     }
 
     #[test]

@@ -112,6 +112,15 @@ pub fn conformance() -> Vec<Case> {
             more::terminating_fallback_local,
         ),
         case(
+            // "externall" is upstream's spelling.
+            "[sig-network] Services should fallback to terminating endpoints when there are no ready endpoints with externallTrafficPolicy=Cluster",
+            two::etp_cluster_terminating_fallback,
+        ),
+        case(
+            "[sig-network] Services should fallback to local terminating endpoints when there are no ready endpoints with externalTrafficPolicy=Local",
+            two::etp_local_terminating_fallback,
+        ),
+        case(
             "[sig-network] Services should implement service.kubernetes.io/service-proxy-name",
             svcs::service_proxy_name_label,
         ),

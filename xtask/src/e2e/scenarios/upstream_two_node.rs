@@ -82,3 +82,127 @@ pub(super) fn etp_changes_and_the_nodes_own_client(bed: &mut Bed) -> Result<()> 
     bed.apply_manifests(&manifests(&local_policy))?;
     expect_hcnp(bed, Some(503), "Local again")
 }
+
+/// Upstream's terminating fallback through a NodePort: a NodePort service
+/// whose only endpoint (pod1, node 1) terminates but still serves. The
+/// node-1 pod (pod3) and the node-2 pod (n2pod1) both connect to node 1's
+/// NodePort, before and after the endpoint turns terminating: with
+/// externalTrafficPolicy=Cluster both are served by pod1 throughout.
+pub(super) fn etp_cluster_terminating_fallback(bed: &mut Bed) -> Result<()> {
+    etp_terminating_fallback(bed, false)
+}
+
+/// The same with externalTrafficPolicy=Local: while pod1 terminates, the
+/// node-1 pod and the node-2 pod are still served through node 1's
+/// NodePort (the endpoint is local there; the node-1 pod's own node treats
+/// it as Cluster), and the node-1 pod is not served through node 2's
+/// NodePort (it arrives there from outside, and node 2 has no local
+/// endpoint).
+pub(super) fn etp_local_terminating_fallback(bed: &mut Bed) -> Result<()> {
+    etp_terminating_fallback(bed, true)
+}
+
+fn etp_terminating_fallback(bed: &mut Bed, local: bool) -> Result<()> {
+    let (endpoint, remote) = two_nodes(bed)?;
+    let (name, cluster_ip, marker_ip, node_port, policy) = if local {
+        (
+            "etp-local-terminating",
+            "10.96.1.199",
+            "10.96.1.201",
+            30199,
+            "externalTrafficPolicy: Local",
+        )
+    } else {
+        (
+            "etp-cluster-terminating",
+            "10.96.1.198",
+            "10.96.1.200",
+            30198,
+            "externalTrafficPolicy: Cluster",
+        )
+    };
+    let spec = [policy];
+    let ports = [node_port];
+    let s = Svc {
+        kind: "NodePort",
+        node_ports: &ports,
+        spec: &spec,
+        ..svc(name, cluster_ip)
+    };
+    // Nothing on the wire tells a terminating endpoint from a ready one:
+    // a second service written with the change (in the same file, so read
+    // in the same sync) shows when each node's daemon has programmed it.
+    let marker_name = format!("{name}-marker");
+    let marker = svc(&marker_name, marker_ip);
+    let marker_at = at(marker_ip, 80);
+    let manifests = |conditions: &str, with_marker: bool| {
+        let mut d = vec![
+            s.yaml(),
+            slice(&s, false, &[(&endpoint, NODE1.name, conditions)]),
+        ];
+        if with_marker {
+            d.push(marker.yaml());
+            d.push(slice(&marker, false, &[(&endpoint, NODE1.name, READY)]));
+        }
+        docs(&d)
+    };
+    // pausePod0 of upstream: a pod on the endpoint's node; pausePod1: one
+    // on the other node.
+    let node1_client = bed.pods[2].netns.clone();
+    let node2_client = remote.netns.clone();
+    let node1_port = at(NODE1.ip, node_port);
+    let node2_port = at(NODE2.ip, node_port);
+    let served = |bed: &Bed, client: &str, what: &str| -> Result<()> {
+        let r = request_from(bed, Some(client), "tcp", &node1_port, 10, CLIENT_TIMEOUT)?;
+        let pods: Vec<String> = r.pods().into_keys().collect();
+        ensure!(
+            r.ok_count() == 10 && pods == [endpoint.name.clone()],
+            "{what}: {node1_port} from {client}: {} of 10 answered, by {pods:?} (expected {}), e.g. {:?}",
+            r.ok_count(),
+            endpoint.name,
+            r.errors.first()
+        );
+        Ok(())
+    };
+    let programmed = |bed: &Bed, target: &str, what: &str| -> Result<()> {
+        for client in [&node1_client, &node2_client] {
+            wait_until_served_from(
+                bed,
+                Some(client),
+                "tcp",
+                target,
+                Duration::from_secs(5),
+                CLIENT_TIMEOUT,
+            )
+            .with_context(|| format!("{what}: {target} from {client}"))?;
+        }
+        Ok(())
+    };
+
+    bed.apply_manifests(&manifests(READY, false))?;
+    programmed(bed, &node1_port, "endpoint ready")?;
+    served(bed, &node1_client, "endpoint ready")?;
+    served(bed, &node2_client, "endpoint ready")?;
+
+    bed.apply_manifests(&manifests(super::two_node::TERMINATING, true))?;
+    programmed(bed, &marker_at, "endpoint terminating")?;
+    served(bed, &node1_client, "endpoint terminating")?;
+    served(bed, &node2_client, "endpoint terminating")?;
+    if local {
+        let r = request_from(
+            bed,
+            Some(&node1_client),
+            "tcp",
+            &node2_port,
+            3,
+            DROP_TIMEOUT,
+        )?;
+        ensure!(
+            r.ok_count() == 0,
+            "endpoint terminating: node 2 (no local endpoint) served {node2_port} to a pod on node 1: {} of 3, by {:?}",
+            r.ok_count(),
+            r.pods()
+        );
+    }
+    Ok(())
+}
