@@ -12,8 +12,14 @@
 //!   `user_port`); an IPv4 address occupies `addr[0]`, `addr[1..4]` are 0.
 //!
 //! Service layout (Cilium-style slots): for each (VIP, port, protocol) the
-//! entry with `slot == 0` is the header (backend count, flags, affinity
-//! timeout, service id); slots `1..=count` hold backend ids. The daemon
+//! entry with slot number 0 is the header (backend count, flags, affinity
+//! timeout, service id); slots `1..=count` hold backend ids. A slot number
+//! has 23 bits: the low 16 in `ServiceKey::slot`, the high 7 in the upper
+//! bits of `ServiceKey::scope` (see [`ServiceKey::with_slot`]); a count
+//! above `u16::MAX` is kept in the header's `backend_id` (see
+//! [`ServiceValue::backend_count`]). Services of at most 65,535 backends
+//! are stored byte for byte as before, and a key of a higher slot has a
+//! scope code earlier versions do not know, so they skip it. The daemon
 //! writes backends and slots before raising a header's count and lowers the
 //! count before removing slots, so a program never reads a half-written
 //! service.
@@ -81,8 +87,12 @@ pub const MAX_IFACES: u32 = 1024;
 pub const MAX_SRC_RANGES: u32 = 65_536;
 /// Sources the tc programs' reject replies are rate-limited for (LRU).
 pub const MAX_REJECT_SOURCES: u32 = 16_384;
-/// Most backends one service can have; also bounds the slot lookup.
-pub const MAX_BACKENDS_PER_SERVICE: u16 = 4096;
+/// Most backends one service can have: the largest 23-bit slot number.
+pub const MAX_BACKENDS_PER_SERVICE: u32 = (1 << 23) - 1;
+
+/// Bit of `ServiceKey::scope` that holds the scope; the bits above it hold
+/// bits 16..23 of the slot number.
+pub const SCOPE_MASK: u8 = 1;
 
 /// Per-CPU counters in the `EKP_STATS` array, by index.
 pub const STAT_TRANSLATED: u32 = 0;
@@ -128,16 +138,44 @@ pub struct ServiceKey {
     pub port: u16,
     pub proto: u8,
     pub family: u8,
-    /// 0 = header, 1..=count = backend slots.
+    /// Low 16 bits of the slot number: 0 = header, 1..=count = backend
+    /// slots.
     pub slot: u16,
-    /// [`SCOPE_SOCKET`] or [`SCOPE_EXTERNAL`].
+    /// [`SCOPE_SOCKET`] or [`SCOPE_EXTERNAL`] in bit 0 ([`SCOPE_MASK`]);
+    /// bits 1..8 are bits 16..23 of the slot number.
     pub scope: u8,
     pub _pad: u8,
 }
 
-/// Value of `EKP_SERVICES`. In the header (`slot == 0`) `count`, `flags`,
-/// `affinity_timeout` and `service_id` are set and `backend_id` is 0; in a
-/// slot only `backend_id` is set.
+impl ServiceKey {
+    /// This key (a header's) with the slot number `slot` (< 2^23).
+    #[inline(always)]
+    pub fn with_slot(&self, slot: u32) -> ServiceKey {
+        ServiceKey {
+            slot: slot as u16,
+            scope: (self.scope & SCOPE_MASK) | (((slot >> 16) as u8) << 1),
+            ..*self
+        }
+    }
+
+    /// The whole slot number.
+    #[inline(always)]
+    pub fn slot_number(&self) -> u32 {
+        self.slot as u32 | (((self.scope >> 1) as u32) << 16)
+    }
+
+    /// [`SCOPE_SOCKET`] or [`SCOPE_EXTERNAL`].
+    #[inline(always)]
+    pub fn scope_code(&self) -> u8 {
+        self.scope & SCOPE_MASK
+    }
+}
+
+/// Value of `EKP_SERVICES`. In the header (slot 0) `count`, `flags`,
+/// `affinity_timeout` and `service_id` are set, and `backend_id` is 0
+/// unless the service has more than `u16::MAX` backends: then `count` is
+/// `u16::MAX` and `backend_id` holds the count (read it with
+/// [`ServiceValue::backend_count`]). In a slot only `backend_id` is set.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct ServiceValue {
@@ -149,6 +187,36 @@ pub struct ServiceValue {
     pub affinity_timeout: u32,
     /// Stable id of the service port, for affinity entries.
     pub service_id: u32,
+}
+
+impl ServiceValue {
+    /// A header's backend count (the larger of `count` and `backend_id`).
+    #[inline(always)]
+    pub fn backend_count(&self) -> u32 {
+        let wide = self.backend_id;
+        let narrow = self.count as u32;
+        if wide > narrow {
+            wide
+        } else {
+            narrow
+        }
+    }
+
+    /// A header holding `count` backends.
+    pub fn header(count: u32, flags: u16, affinity_timeout: u32, service_id: u32) -> ServiceValue {
+        let narrow = if count > u16::MAX as u32 {
+            u16::MAX
+        } else {
+            count as u16
+        };
+        ServiceValue {
+            backend_id: if count > u16::MAX as u32 { count } else { 0 },
+            count: narrow,
+            flags,
+            affinity_timeout,
+            service_id,
+        }
+    }
 }
 
 /// Value of `EKP_BACKENDS` (key: backend id, `u32`, never 0).
@@ -374,6 +442,34 @@ mod pod {
 mod tests {
     use super::*;
     use core::mem::{align_of, offset_of, size_of};
+
+    #[test]
+    fn slot_numbers_use_23_bits_and_keep_the_scope() {
+        let base = ServiceKey {
+            scope: SCOPE_EXTERNAL,
+            ..ServiceKey::default()
+        };
+        for slot in [0, 1, 65_535, 65_536, 100_000, MAX_BACKENDS_PER_SERVICE] {
+            let k = base.with_slot(slot);
+            assert_eq!(k.slot_number(), slot);
+            assert_eq!(k.scope_code(), SCOPE_EXTERNAL);
+            assert_eq!(k.with_slot(0), base, "slot 0 is the header's key");
+        }
+        // A slot below 2^16 is stored as it always was.
+        assert_eq!(base.with_slot(4096).scope, SCOPE_EXTERNAL);
+        assert_eq!(base.with_slot(4096).slot, 4096);
+    }
+
+    #[test]
+    fn a_header_count_beyond_u16_lives_in_backend_id() {
+        let small = ServiceValue::header(4096, 1, 2, 3);
+        assert_eq!((small.count, small.backend_id), (4096, 0));
+        assert_eq!(small.backend_count(), 4096);
+        let big = ServiceValue::header(100_000, 1, 2, 3);
+        assert_eq!((big.count, big.backend_id), (u16::MAX, 100_000));
+        assert_eq!(big.backend_count(), 100_000);
+        assert_eq!(ServiceValue::header(0, 0, 0, 0).backend_count(), 0);
+    }
 
     #[test]
     fn protocol_numbers_match_iana() {

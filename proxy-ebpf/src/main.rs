@@ -180,16 +180,20 @@ fn socket_protocol(sa: *const bpf_sock_addr) -> Option<u8> {
     }
 }
 
-/// A backend id from a slot of the service, or `None` if the slot is
-/// missing (never expected: the daemon writes slots before the count).
+/// A backend id from a slot of the service (`key` is its header's key,
+/// `count` the header's [`ServiceValue::backend_count`]), or `None` if the
+/// slot is missing (never expected: the daemon writes slots before the
+/// count).
 #[inline(always)]
-pub(crate) fn random_slot(key: &ServiceKey, count: u16) -> Option<u32> {
+pub(crate) fn random_slot(key: &ServiceKey, count: u32) -> Option<u32> {
+    if count == 0 {
+        return None;
+    }
     // SAFETY: helper without arguments.
     let r = unsafe { bpf_get_prandom_u32() };
-    // count > 0 was checked by the caller; the slot is part of a map key,
-    // not an index, so the verifier needs no bound here.
-    let slot = (r % count as u32) as u16 + 1;
-    let slot_key = ServiceKey { slot, ..*key };
+    // The slot is part of a map key, not an index, so the verifier needs
+    // no bound here; numbers above 2^16 carry their high bits in `scope`.
+    let slot_key = key.with_slot(r % count + 1);
     // SAFETY: the value is copied out at once.
     unsafe { EKP_SERVICES.get(&slot_key) }.map(|v| v.backend_id)
 }
@@ -229,7 +233,7 @@ fn translate(ctx: &SockAddrContext, v6: bool, proto: u8) -> i32 {
         return ALLOW; // not a service address
     };
     let (n, flags, timeout, service_id) =
-        (hdr.count, hdr.flags, hdr.affinity_timeout, hdr.service_id);
+        (hdr.backend_count(), hdr.flags, hdr.affinity_timeout, hdr.service_id);
     if n == 0 {
         count(STAT_NO_BACKEND);
         return REJECT;

@@ -528,7 +528,7 @@ fn pick(p: &Pkt, key: &ServiceKey, hdr: &ServiceValue, now: u64) -> Option<(u32,
             }
         }
     }
-    let id = random_slot(key, count_)?;
+    let id = random_slot(key, hdr.backend_count())?;
     // SAFETY: the value is copied out at once.
     let be = *unsafe { EKP_BACKENDS.get(&id) }?;
     if affinity {

@@ -94,30 +94,32 @@ pub fn protocol_name(p: u8) -> String {
 }
 
 impl Vip {
-    pub fn key(&self, slot: u16) -> ServiceKey {
+    /// The key of slot `slot` (0: the header; < 2^23).
+    pub fn key(&self, slot: u32) -> ServiceKey {
         let (addr, family) = encode_ip(self.ip);
         ServiceKey {
             addr,
             port: self.port.to_be(),
             proto: self.proto,
             family,
-            slot,
+            slot: 0,
             scope: self.scope.code(),
             _pad: 0,
         }
+        .with_slot(slot)
     }
 
-    /// The VIP of a key and the key's slot.
-    pub fn from_key(k: &ServiceKey) -> Option<(Vip, u16)> {
+    /// The VIP of a key and the key's slot number.
+    pub fn from_key(k: &ServiceKey) -> Option<(Vip, u32)> {
         let ip = decode_ip(&k.addr, k.family)?;
         Some((
             Vip {
                 ip,
                 port: u16::from_be(k.port),
                 proto: k.proto,
-                scope: Scope::from_code(k.scope)?,
+                scope: Scope::from_code(k.scope_code())?,
             },
-            k.slot,
+            k.slot_number(),
         ))
     }
 }
@@ -162,7 +164,9 @@ impl std::fmt::Display for BackendAddr {
 /// A header in `EKP_SERVICES` (slot 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Header {
-    pub count: u16,
+    /// Backends (slots); beyond `u16::MAX` kept in the value's
+    /// `backend_id` ([`ServiceValue::header`]).
+    pub count: u32,
     pub flags: u16,
     pub affinity_timeout: u32,
     pub service_id: u32,
@@ -170,18 +174,17 @@ pub struct Header {
 
 impl Header {
     pub fn value(&self) -> ServiceValue {
-        ServiceValue {
-            backend_id: 0,
-            count: self.count,
-            flags: self.flags,
-            affinity_timeout: self.affinity_timeout,
-            service_id: self.service_id,
-        }
+        ServiceValue::header(
+            self.count,
+            self.flags,
+            self.affinity_timeout,
+            self.service_id,
+        )
     }
 
     pub fn from_value(v: &ServiceValue) -> Header {
         Header {
-            count: v.count,
+            count: v.backend_count(),
             flags: v.flags,
             affinity_timeout: v.affinity_timeout,
             service_id: v.service_id,

@@ -193,7 +193,7 @@ mod tests {
         }
     }
 
-    fn header(count: u16, service_id: u32) -> ServiceValue {
+    fn header(count: u32, service_id: u32) -> ServiceValue {
         Header {
             count,
             flags: 0,
@@ -210,7 +210,7 @@ mod tests {
         }
     }
 
-    type ServiceEntries = Vec<(Vip, u16, ServiceValue)>;
+    type ServiceEntries = Vec<(Vip, u32, ServiceValue)>;
     type BackendEntries = Vec<(u32, BackendAddr)>;
 
     /// `web` 10.96.0.10 → backends 1, 2; `db` 10.96.0.20 → backend 3.

@@ -24,7 +24,7 @@ use super::EbpfError;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct SlotDump {
-    pub slot: u16,
+    pub slot: u32,
     pub backend_id: u32,
     /// `None`: the id is not in EKP_BACKENDS (never expected).
     pub backend: Option<String>,
@@ -45,7 +45,7 @@ pub struct ServiceDump {
     pub reject: bool,
     pub service_id: u32,
     /// Backends the hook picks from; 0 = connections refused.
-    pub count: u16,
+    pub count: u32,
     pub affinity_timeout_seconds: Option<u32>,
     pub slots: Vec<SlotDump>,
 }
@@ -121,7 +121,7 @@ pub fn read(root: &Path) -> Result<MapDump, EbpfError> {
     let name_of = |id: u32| backends.get(&id).map(ToString::to_string);
 
     let mut headers: BTreeMap<Vip, Header> = BTreeMap::new();
-    let mut slots: BTreeMap<Vip, Vec<(u16, u32)>> = BTreeMap::new();
+    let mut slots: BTreeMap<Vip, Vec<(u32, u32)>> = BTreeMap::new();
     for (k, v) in maps.service_entries()? {
         let Some((vip, slot)) = Vip::from_key(&k) else {
             continue;

@@ -144,7 +144,7 @@ pub enum EbpfError {
         reason: String,
     },
     #[error("{vip} has {count} endpoints, more than the {max} one service can have; it was left as it was")]
-    TooManyBackends { vip: Vip, count: usize, max: u16 },
+    TooManyBackends { vip: Vip, count: usize, max: u32 },
     #[error("no pinned maps under {} (is the eBPF datapath running? see --bpffs-root)", .0.display())]
     NotPinned(PathBuf),
 }

@@ -65,7 +65,7 @@ pub enum Op {
     },
     PutSlot {
         vip: Vip,
-        slot: u16,
+        slot: u32,
         backend_id: u32,
     },
     PutHeader {
@@ -77,7 +77,7 @@ pub enum Op {
     },
     DeleteSlot {
         vip: Vip,
-        slot: u16,
+        slot: u32,
     },
     DeleteBackend {
         id: u32,
@@ -94,7 +94,7 @@ pub enum Op {
 #[derive(Clone, Copy, Debug)]
 pub enum Entry {
     /// A services map entry: slot 0 is the header.
-    Service(Vip, u16, ServiceValue),
+    Service(Vip, u32, ServiceValue),
     Backend(u32, BackendAddr),
 }
 
@@ -137,15 +137,14 @@ impl Programmed {
                 .get(&vip)
                 .is_some_and(|s| s.header == Some(Header::from_value(&value))),
             Entry::Service(vip, slot, value) => self.services.get(&vip).is_some_and(|s| {
-                s.slots.get(usize::from(slot) - 1) == Some(&value.backend_id)
-                    && value.backend_id != 0
+                s.slots.get(slot as usize - 1) == Some(&value.backend_id) && value.backend_id != 0
             }),
         }
     }
 
     /// Rebuilds the view from map contents read back from the kernel.
     pub fn from_entries(
-        services: impl IntoIterator<Item = (Vip, u16, ServiceValue)>,
+        services: impl IntoIterator<Item = (Vip, u32, ServiceValue)>,
         backends: impl IntoIterator<Item = (u32, BackendAddr)>,
     ) -> Programmed {
         let mut p = Programmed::default();
@@ -212,7 +211,7 @@ impl Programmed {
             }
             Op::DeleteSlot { vip, slot } => {
                 let old = self.services.get_mut(vip).and_then(|s| {
-                    let i = usize::from(*slot).checked_sub(1)?;
+                    let i = (*slot as usize).checked_sub(1)?;
                     let old = std::mem::take(s.slots.get_mut(i)?);
                     while s.slots.last() == Some(&0) {
                         s.slots.pop();
@@ -254,8 +253,8 @@ impl Programmed {
             .max(header.service_id.saturating_add(1));
     }
 
-    fn put_slot(&mut self, vip: Vip, slot: u16, backend_id: u32) {
-        let Some(i) = usize::from(slot).checked_sub(1) else {
+    fn put_slot(&mut self, vip: Vip, slot: u32, backend_id: u32) {
+        let Some(i) = (slot as usize).checked_sub(1) else {
             return;
         };
         let s = self.services.entry(vip).or_default();
@@ -406,7 +405,7 @@ fn plan_upsert(
     new_backends: &mut HashMap<BackendAddr, u32>,
     plan: &mut Plan,
 ) {
-    if d.backends.len() > usize::from(MAX_BACKENDS_PER_SERVICE) {
+    if d.backends.len() > MAX_BACKENDS_PER_SERVICE as usize {
         plan.problems.push(PlanProblem::TooManyBackends {
             vip: d.vip,
             count: d.backends.len(),
@@ -437,7 +436,7 @@ fn plan_upsert(
     let old_header = old.and_then(|s| s.header);
     let header = Header {
         // Bounded by MAX_BACKENDS_PER_SERVICE above.
-        count: u16::try_from(slots.len()).unwrap_or(MAX_BACKENDS_PER_SERVICE),
+        count: u32::try_from(slots.len()).unwrap_or(MAX_BACKENDS_PER_SERVICE),
         flags: d.flags(),
         affinity_timeout: d.affinity_timeout.unwrap_or(0),
         service_id: old_header
@@ -513,9 +512,10 @@ fn plan_remove(view: &Programmed, vip: &Vip, ops: &mut Vec<Op>) {
 }
 
 /// Slot number of `slots[i]`. Slot vectors are bounded by
-/// MAX_BACKENDS_PER_SERVICE or by what was read from a u16-keyed map.
-fn slot_number(i: usize) -> u16 {
-    u16::try_from(i + 1).unwrap_or(u16::MAX)
+/// MAX_BACKENDS_PER_SERVICE or by what was read from the map (23-bit
+/// slot numbers).
+fn slot_number(i: usize) -> u32 {
+    u32::try_from(i + 1).unwrap_or(u32::MAX)
 }
 
 /// Entries each map holds at most while a plan runs.
@@ -531,9 +531,9 @@ pub struct Peak {
 /// touches each (VIP, slot) at most once, so whether a write adds an entry
 /// is read from the view.
 pub fn peak(view: &Programmed, ops: &[Op]) -> Peak {
-    let slot_of = |vip: &Vip, slot: u16| {
+    let slot_of = |vip: &Vip, slot: u32| {
         let s = view.services.get(vip)?;
-        let id = *s.slots.get(usize::from(slot).checked_sub(1)?)?;
+        let id = *s.slots.get((slot as usize).checked_sub(1)?)?;
         (id != 0).then_some(id)
     };
     let header = |vip: &Vip| view.services.get(vip).is_some_and(|s| s.header.is_some());

@@ -115,7 +115,7 @@ impl FakeKernel {
     /// VIP -> backend addresses the kernel can pick (slots 1..=count).
     fn resolved(&self, v: &Vip) -> Option<Vec<BackendAddr>> {
         let h = self.services.get(&v.key(0))?;
-        let mut out: Vec<BackendAddr> = (1..=h.count)
+        let mut out: Vec<BackendAddr> = (1..=h.backend_count())
             .map(|slot| {
                 let id = self.services[&v.key(slot)].backend_id;
                 BackendAddr::from_value(&self.backends[&id]).unwrap()
@@ -392,23 +392,56 @@ fn one_endpoint_change_in_a_big_service_is_a_few_writes() {
     assert_eq!(k.resolved(&d1.vip), Some(d1.backends.clone()));
 }
 
+/// 100,000 endpoints in one service (issue 37: Kubernetes sets no limit):
+/// planned whole, slots past 65,535 keyed with their high bits, the count
+/// in the header; one endpoint changed is a few writes, not a rewrite.
 #[test]
-fn too_many_backends_is_reported_not_truncated() {
-    let view = Programmed::default();
-    let addrs: Vec<String> = (0..=u32::from(MAX_BACKENDS_PER_SERVICE))
-        .map(|i| format!("10.{}.{}.{}:80", i >> 16, (i >> 8) & 255, i & 255))
+fn a_service_of_100k_backends_is_planned_and_one_change_is_a_few_writes() {
+    let backends: Vec<BackendAddr> = (0..100_000u32)
+        .map(|i| BackendAddr {
+            ip: std::net::Ipv4Addr::from(0x0a00_0000 + i).into(),
+            port: 80,
+            local: false,
+        })
         .collect();
-    let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
-    let d = desired("10.96.0.10:80", &refs, None);
+    let mut d = desired("10.96.0.10:80", &[], None);
+    d.backends = backends;
+    let mut view = Programmed::default();
     let p = plan(&view, vec![Change::Upsert(&d)]);
-    assert!(p.ops.is_empty());
-    assert_eq!(
-        p.problems,
-        vec![PlanProblem::TooManyBackends {
-            vip: d.vip,
-            count: usize::from(MAX_BACKENDS_PER_SERVICE) + 1
-        }]
-    );
+    assert!(p.problems.is_empty(), "{:?}", p.problems);
+    p.ops.iter().for_each(|op| view.apply(op));
+    let header = p
+        .ops
+        .iter()
+        .find_map(|op| match op {
+            Op::PutHeader { header, .. } => Some(*header),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(header.count, 100_000);
+    let value = header.value();
+    assert_eq!((value.count, value.backend_count()), (u16::MAX, 100_000));
+    let top = vip("10.96.0.10:80").key(100_000);
+    assert_ne!(top, vip("10.96.0.10:80").key(100_000 - 65_536));
+    assert_eq!(Vip::from_key(&top), Some((d.vip, 100_000)));
+    assert!(p.ops.contains(&Op::PutSlot {
+        vip: d.vip,
+        slot: 100_000,
+        backend_id: 100_000
+    }));
+    // One endpoint leaves, another arrives.
+    let mut d1 = d.clone();
+    d1.backends.remove(70_000);
+    d1.backends.push(BackendAddr {
+        ip: "10.200.0.1".parse().unwrap(),
+        port: 80,
+        local: false,
+    });
+    d1.backends.sort_unstable();
+    let p = plan(&view, vec![Change::Upsert(&d1)]);
+    assert!(p.ops.len() <= 3, "{:?}", p.ops);
+    p.ops.iter().for_each(|op| view.apply(op));
+    assert_eq!(view.service(&d.vip).unwrap().slots.len(), 100_000);
 }
 
 #[test]
@@ -591,10 +624,11 @@ fn each_frontend_gets_the_endpoint_scope_of_its_traffic() {
     assert!(d.iter().all(|d| d.source_ranges.is_none()));
 }
 
-/// loadBalancerSourceRanges restrict the external-scope LB IP of their
-/// family only; a family the ranges leave out is closed to every source.
+/// loadBalancerSourceRanges restrict the LB IPs of their family only (from
+/// outside and from the node's own sockets, both scopes); a family the
+/// ranges leave out is closed to every source.
 #[test]
-fn source_ranges_apply_to_load_balancer_ips_from_outside() {
+fn source_ranges_apply_to_load_balancer_ips() {
     let mut se = service(&["10.96.0.10"], &[], &[]);
     se.service.load_balancer_ips = crate::model::IpSet::from_ips(
         [
@@ -621,12 +655,15 @@ fn source_ranges_apply_to_load_balancer_ips_from_outside() {
         ranges,
         [
             ("10.96.0.10:80/TCP".to_owned(), None),
-            ("203.0.113.1:80/TCP".to_owned(), None),
+            (
+                "203.0.113.1:80/TCP".to_owned(),
+                Some(vec!["198.51.100.0/24".to_owned()])
+            ),
             (
                 "203.0.113.1:80/TCP (external)".to_owned(),
                 Some(vec!["198.51.100.0/24".to_owned()])
             ),
-            ("[2001:db8::1]:80/TCP".to_owned(), None),
+            ("[2001:db8::1]:80/TCP".to_owned(), Some(vec![])),
             ("[2001:db8::1]:80/TCP (external)".to_owned(), Some(vec![])),
         ]
     );
@@ -636,7 +673,13 @@ fn source_ranges_apply_to_load_balancer_ips_from_outside() {
         .collect();
     assert_eq!(
         flags,
-        [0, 0, SVC_FLAG_SOURCE_RANGES, 0, SVC_FLAG_SOURCE_RANGES]
+        [
+            0,
+            SVC_FLAG_SOURCE_RANGES,
+            SVC_FLAG_SOURCE_RANGES,
+            SVC_FLAG_SOURCE_RANGES,
+            SVC_FLAG_SOURCE_RANGES
+        ]
     );
 }
 

@@ -155,7 +155,7 @@ pub fn patch_kfunc_calls(object: &mut [u8], id: u32) -> usize {
 /// connections are not sockets on this node).
 pub fn removed_and_added(view: &Programmed, ops: &[Op]) -> (Vec<Pair>, Vec<Pair>) {
     let mut new_backends: StdHashMap<u32, BackendAddr> = StdHashMap::new();
-    let mut old: StdHashMap<(Vip, u16), u32> = StdHashMap::new();
+    let mut old: StdHashMap<(Vip, u32), u32> = StdHashMap::new();
     let mut put: Vec<(Vip, u32)> = Vec::new();
     for op in ops {
         match op {
@@ -242,8 +242,8 @@ impl Draining {
     }
 }
 
-fn slot_value(view: &Programmed, vip: &Vip, slot: u16) -> u32 {
-    let i = usize::from(slot).wrapping_sub(1);
+fn slot_value(view: &Programmed, vip: &Vip, slot: u32) -> u32 {
+    let i = (slot as usize).wrapping_sub(1);
     view.service(vip)
         .and_then(|s| s.slots.get(i).copied())
         .unwrap_or(0)
