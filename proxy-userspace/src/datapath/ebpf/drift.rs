@@ -10,16 +10,24 @@
 //!
 //! [`compare`] is pure; reading the maps is [`super::maps::KernelMaps`].
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
-use std::path::Path;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use proxy_common::{MAP_BACKENDS, MAP_SERVICES};
 
 use super::codec::{BackendAddr, Header, Vip};
+use super::external::{self, NodeIface};
 use super::loader::PROGRAMS;
+use super::maps::KernelMaps;
 use super::pins::LINKS_DIR;
 use super::plan::Programmed;
+use super::{desired, EbpfError};
 use crate::datapath::drift::{Drift, DriftKind, ABSENT};
+use crate::model::claims::Claims;
+use crate::model::LocalState;
 
 /// A link pin per program under `root`; one difference per missing one.
 pub fn missing_links(root: &Path) -> Vec<Drift> {
@@ -39,6 +47,90 @@ pub fn missing_link(root: &Path, name: &str) -> Drift {
         "pinned link (program attached)",
         "no pin (program detached)",
     )
+}
+
+/// What a check found that the next full sync acts on.
+#[derive(Debug, Default)]
+pub struct Found {
+    /// A link pin is missing: attach the programs again.
+    pub relink: bool,
+    /// The maps as read, when they differ from the view.
+    pub view: Option<Programmed>,
+    /// `EbpfDatapath::view_gen` when the check started.
+    pub view_gen: u64,
+}
+
+/// Link pins, then the services and backends maps against `view`: read
+/// once in batches without building anything, and a second time into a
+/// view only when something differs. `owner` names the service of a VIP.
+pub fn check(
+    root: &Path,
+    ifaces: &[NodeIface],
+    maps: &KernelMaps,
+    view: &Programmed,
+    owner: &dyn Fn(&Vip) -> Option<String>,
+) -> Result<(Vec<Drift>, Found), EbpfError> {
+    let mut out = missing_links(root);
+    out.extend(
+        external::missing_pins(root, ifaces)
+            .into_iter()
+            .map(|name| missing_link(root, &name)),
+    );
+    let mut found = Found {
+        relink: !out.is_empty(),
+        ..Found::default()
+    };
+    if maps.matches(view)? {
+        return Ok((out, found));
+    }
+    let read = maps.read_view()?;
+    let in_maps = compare(view, &read, owner);
+    if !in_maps.is_empty() {
+        found.view = Some(read);
+    }
+    out.extend(in_maps);
+    Ok((out, found))
+}
+
+/// A drift check away from the applies (see `EbpfDatapath::drift_check`).
+pub struct OffPath {
+    pub root: PathBuf,
+    pub ifaces: Vec<NodeIface>,
+    pub node_ips: Vec<IpAddr>,
+    pub view: Arc<Programmed>,
+    pub view_gen: u64,
+    pub found: Arc<Mutex<Option<Found>>>,
+}
+
+impl OffPath {
+    pub fn run(self, programmed: &LocalState, claims: &Claims) -> Result<Vec<Drift>, EbpfError> {
+        let maps = KernelMaps::from_pins(&self.root)?;
+        // Who owns a VIP: worked out from the programmed state only when
+        // something differs.
+        let owners: OnceCell<HashMap<Vip, String>> = OnceCell::new();
+        let owner = |vip: &Vip| {
+            owners
+                .get_or_init(|| {
+                    desired::desired_state(programmed, claims, &self.node_ips)
+                        .into_iter()
+                        .map(|d| (d.vip, d.owner.to_string()))
+                        .collect()
+                })
+                .get(vip)
+                .cloned()
+        };
+        let (drifts, mut found) = check(&self.root, &self.ifaces, &maps, &self.view, &owner)?;
+        // Let go of the view before the verdict: an apply then writes it
+        // in place again.
+        drop(self.view);
+        if found.relink || found.view.is_some() {
+            found.view_gen = self.view_gen;
+            if let Ok(mut slot) = self.found.lock() {
+                *slot = Some(found);
+            }
+        }
+        Ok(drifts)
+    }
 }
 
 fn header_text(h: &Header) -> String {

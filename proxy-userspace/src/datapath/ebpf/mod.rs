@@ -42,6 +42,7 @@ mod write;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 // foldhash (randomly seeded), not SipHash: keyed by every service or VIP.
 use hashbrown::HashMap;
@@ -50,7 +51,8 @@ use smallvec::SmallVec;
 use crate::model::{LocalState, ObjectKey};
 
 use super::{
-    ApplyStats, Datapath, DatapathConfig, DatapathError, Drift, Dump, ProxyMode, ServiceChange,
+    ApplyStats, Datapath, DatapathConfig, DatapathError, Drift, DriftCheck, Dump, ProxyMode,
+    ServiceChange,
 };
 use crate::model::claims::Claims;
 use codec::Vip;
@@ -193,7 +195,15 @@ pub struct EbpfDatapath {
     /// Interfaces the tc programs serve, and the node ports' addresses.
     ifaces: Vec<NodeIface>,
     node_ips: Vec<IpAddr>,
-    view: Programmed,
+    /// Shared with a drift check running beside the applies (written
+    /// through `Arc::make_mut`: a copy only while a check holds it).
+    view: Arc<Programmed>,
+    /// Counts the writes to `view`, to tell whether a check's reading of
+    /// the kernel is still the view's.
+    view_gen: u64,
+    /// What the last check away from the applies found, for the full
+    /// sync that repairs it.
+    found: Arc<Mutex<Option<drift::Found>>>,
     /// The VIPs each service has programmed (those it owns); most
     /// services have one, kept inline.
     owned: HashMap<ObjectKey, SmallVec<[Vip; 1]>>,
@@ -254,7 +264,9 @@ impl EbpfDatapath {
             ebpf: attached.ebpf,
             node_ips: external::node_ips(&ifaces),
             ifaces,
-            view,
+            view: Arc::new(view),
+            view_gen: 0,
+            found: Arc::default(),
             owned: HashMap::new(),
             root: config.bpffs_root.clone(),
             config: config.clone(),
@@ -274,7 +286,8 @@ impl EbpfDatapath {
         let ifaces = node_ifaces(&self.config)?;
         let mut attached = loader::load_and_attach(OBJECT, &self.config, &ifaces)?;
         attached.ext.sync_ifaces(&ifaces)?;
-        self.view = attached.maps.read_view()?;
+        self.view = Arc::new(attached.maps.read_view()?);
+        self.view_gen += 1;
         self.sock_destroyer = start_sock_destroyer(&mut attached, &self.sock_destroy_metrics);
         self.maps = attached.maps;
         self.ext = attached.ext;
@@ -333,6 +346,26 @@ impl EbpfDatapath {
         Ok(moved)
     }
 
+    /// Takes what a drift check beside the applies found: a detached
+    /// program is attached again, and the maps as read replace the view
+    /// when nothing was written since the check read them (else the view
+    /// stays, and a difference still there is found by the next check).
+    fn take_found(&mut self) {
+        let found = self.found.lock().map(|mut f| f.take()).unwrap_or_default();
+        let Some(found) = found else { return };
+        self.relink |= found.relink;
+        match found.view {
+            Some(view) if found.view_gen == self.view_gen => {
+                self.view = Arc::new(view);
+                self.view_gen += 1;
+            }
+            Some(_) => tracing::debug!(
+                "the drift check's reading of the maps is outdated by an apply; not used"
+            ),
+            None => {}
+        }
+    }
+
     fn own(&mut self, d: &DesiredService) {
         let vips = self.owned.entry(d.owner.clone()).or_default();
         if !vips.contains(&d.vip) {
@@ -385,39 +418,44 @@ impl Datapath for EbpfDatapath {
     }
 
     fn verify(&mut self, _: &LocalState, _: &Claims) -> Result<Vec<Drift>, DatapathError> {
-        let mut out = drift::missing_links(&self.root);
-        out.extend(
-            external::missing_pins(&self.root, &self.ifaces)
-                .into_iter()
-                .map(|name| drift::missing_link(&self.root, &name)),
-        );
-        self.relink |= !out.is_empty();
-        // Read once without building anything; the maps are read again into
-        // a second view only when something differs.
-        if self.maps.matches(&self.view)? {
-            return Ok(out);
-        }
-        let found = self.maps.read_view()?;
         // Who owns a VIP: worked out only when something differs.
         let owners: std::cell::OnceCell<HashMap<Vip, &ObjectKey>> = std::cell::OnceCell::new();
+        let owned = &self.owned;
         let owner = |vip: &Vip| {
             owners
                 .get_or_init(|| {
-                    let owned = self.owned.iter();
                     owned
+                        .iter()
                         .flat_map(|(key, vips)| vips.iter().map(move |vip| (*vip, key)))
                         .collect()
                 })
                 .get(vip)
                 .map(ToString::to_string)
         };
-        let in_maps = drift::compare(&self.view, &found, &owner);
-        if !in_maps.is_empty() {
+        let (out, found) = drift::check(&self.root, &self.ifaces, &self.maps, &self.view, &owner)?;
+        self.relink |= found.relink;
+        if let Some(view) = found.view {
             // The next full apply plans against what is really there.
-            self.view = found;
+            self.view = Arc::new(view);
+            self.view_gen += 1;
         }
-        out.extend(in_maps);
         Ok(out)
+    }
+
+    /// The same comparison as [`Datapath::verify`], on a blocking thread
+    /// with the maps opened from their pins and the view as it is now
+    /// (shared, not copied); applies go on meanwhile. What it finds is
+    /// left for the full sync that repairs it ([`EbpfDatapath::take_found`]).
+    fn drift_check(&self, programmed: Arc<LocalState>, claims: Claims) -> Option<DriftCheck> {
+        let check = drift::OffPath {
+            root: self.root.clone(),
+            ifaces: self.ifaces.clone(),
+            node_ips: self.node_ips.clone(),
+            view: self.view.clone(),
+            view_gen: self.view_gen,
+            found: self.found.clone(),
+        };
+        Some(Box::new(move || Ok(check.run(&programmed, &claims)?)))
     }
 
     fn node_addresses_changed(&mut self) -> Result<bool, DatapathError> {
@@ -431,6 +469,7 @@ impl Datapath for EbpfDatapath {
         next: &LocalState,
         claims: &Claims,
     ) -> Result<ApplyStats, DatapathError> {
+        self.take_found();
         if self.relink {
             self.relink()?;
         }

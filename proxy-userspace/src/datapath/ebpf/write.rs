@@ -15,6 +15,7 @@
 //! before its first write.
 
 use std::borrow::Borrow;
+use std::sync::Arc;
 
 use hashbrown::HashSet;
 
@@ -173,7 +174,11 @@ impl EbpfDatapath {
             return Ok(None);
         }
         let new_backends = bound.new_backends();
-        self.view.reserve(upserted.len(), new_backends);
+        // Only a hint: skipped while a drift check holds the view (a copy
+        // is made by the first write instead).
+        if let Some(view) = Arc::get_mut(&mut self.view) {
+            view.reserve(upserted.len(), new_backends);
+        }
         disown(self);
         // Decided once: after the first chunk the view is not empty any
         // more, but a first start still has no pairs to destroy.
@@ -309,7 +314,10 @@ impl EbpfDatapath {
         self.check_fits(&plan.ops)?;
         let pairs = list_pairs.then(|| sockdestroy::removed_and_added(&self.view, &plan.ops));
         let listed = started.elapsed();
-        maps::execute(&plan.ops, &mut self.view, &mut self.maps)?;
+        if !plan.ops.is_empty() {
+            self.view_gen += 1;
+            maps::execute(&plan.ops, Arc::make_mut(&mut self.view), &mut self.maps)?;
+        }
         let written = started.elapsed();
         if !stale_flows.is_empty() {
             match stale_flows.flush(&self.root) {
@@ -348,7 +356,10 @@ impl EbpfDatapath {
     /// Deletes the backends no slot refers to any more.
     fn collect_backends(&mut self) -> Result<(), EbpfError> {
         let gc = plan::plan_gc(&self.view);
-        maps::execute(&gc, &mut self.view, &mut self.maps)?;
+        if !gc.is_empty() {
+            self.view_gen += 1;
+            maps::execute(&gc, Arc::make_mut(&mut self.view), &mut self.maps)?;
+        }
         Ok(())
     }
 
