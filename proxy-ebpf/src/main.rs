@@ -47,6 +47,7 @@ use proxy_common::{
     STAT_TRANSLATED, SVC_FLAG_AFFINITY,
 };
 
+mod lb_source;
 mod sockdestroy;
 
 // All maps are pinned by name: the loader gives a pin directory, and a
@@ -296,6 +297,7 @@ fn translate(ctx: &SockAddrContext, v6: bool, proto: u8) -> i32 {
 
     // SAFETY: allowed in cgroup sock_addr programs.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    lb_source::record(flags, cookie, &key, &be);
     let rkey = RevNatKey {
         cookie,
         addr: be.addr,

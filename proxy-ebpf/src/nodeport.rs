@@ -69,7 +69,7 @@ static EKP_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(MAX_CT, BPF_F_NO_
 static EKP_IFACES: HashMap<u32, IfaceValue> = HashMap::pinned(MAX_IFACES, 0);
 
 #[map]
-static EKP_SRC_RANGES: LpmTrie<SrcRangeKey, u8> =
+pub(crate) static EKP_SRC_RANGES: LpmTrie<SrcRangeKey, u8> =
     LpmTrie::pinned(MAX_SRC_RANGES, BPF_F_NO_PREALLOC);
 
 #[map]

@@ -316,7 +316,8 @@ fn cluster_ip_traffic_is_balanced_in_the_kernel_and_survives_a_restart() {
         "the restart replaced the links instead of adding to them"
     );
     let report = ebpf::cleanup(&env.bpffs).expect("cleanup");
-    assert_eq!(report.links.len(), 8, "{report:?}");
+    // The socket hooks and the source-range egress check.
+    assert_eq!(report.links.len(), 9, "{report:?}");
     assert_eq!(report.maps.len(), loader::MAPS.len(), "{report:?}");
     assert!(!Path::new(&env.bpffs).exists());
     // The kernel releases a link whose last reference went away

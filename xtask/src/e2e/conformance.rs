@@ -34,11 +34,6 @@ pub const MODES: &[&str] = &["ebpf", "nftables"];
 /// fixes land: a listed scenario that passes fails the run (XPASS).
 pub const KNOWN_FAILING: &[(&str, &[&str], &str)] = &[
     (
-        "[sig-network] LoadBalancers [Feature:LoadBalancer] should only allow access from service loadbalancer source ranges [Slow]",
-        &["ebpf"],
-        "issue 36 item 4",
-    ),
-    (
         "[sig-network] Networking Granular Checks: Services should be able to handle large requests: udp",
         &["ebpf"],
         "issue 34 item 3",

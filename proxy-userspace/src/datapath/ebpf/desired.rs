@@ -172,7 +172,10 @@ pub fn desired_services(
         }
         for ip in svc.load_balancer_ips.iter() {
             if owns(FrontendIp::Ip(ip), pm.port) {
-                push(ip, pm.port, Scope::Socket, cluster, &[]);
+                // The ranges hold for the node's own sockets too (checked
+                // on their first packet, see lb_source.rs); the trie holds
+                // them once, for the external frontend.
+                push(ip, pm.port, Scope::Socket, cluster, &ranges);
                 push(ip, pm.port, Scope::External, external, &ranges);
             }
         }

@@ -489,11 +489,17 @@ fn load_and_attach_prepared(
         prog.load().map_err(|e| load_error(name, e))?;
     }
     external::load(&mut ebpf)?;
+    super::lb_source::load(&mut ebpf)?;
 
     // Node-external traffic first: once the socket hooks of a new map
     // generation run, the tc programs must already serve it too.
     let mut replaced = external::attach(&mut ebpf, root, ifaces)?;
     *attached_any |= !ifaces.is_empty();
+    // Before the socket hooks: a socket they send to a frontend with
+    // source ranges has its first packet checked at once.
+    if super::lb_source::attach(&mut ebpf, &cgroup_dir, &cgroup, &links_dir)? {
+        replaced += 1;
+    }
     for name in PROGRAMS {
         let prog: &mut CgroupSockAddr = ebpf
             .program_mut(name)

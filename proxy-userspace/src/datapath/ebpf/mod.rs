@@ -32,6 +32,7 @@ pub mod desired;
 pub mod drift;
 pub mod dump;
 pub mod external;
+pub mod lb_source;
 pub mod generation;
 pub mod loader;
 pub mod maps;

@@ -298,7 +298,12 @@ impl EbpfDatapath {
         for c in &changes {
             match c {
                 Change::Upsert(d) => {
-                    let keep = d.source_ranges.as_deref().unwrap_or(&[]);
+                    // One trie entry serves both scopes of a VIP: the
+                    // external frontend's.
+                    let keep = match d.vip.scope {
+                        super::codec::Scope::External => d.source_ranges.as_deref().unwrap_or(&[]),
+                        super::codec::Scope::Socket => &[],
+                    };
                     ranges_before.push((d.vip, keep));
                     ranges_after.push((d.vip, keep.to_vec()));
                 }
