@@ -164,3 +164,34 @@ pub fn for_each_entry<K: aya::Pod, V: aya::Pod>(
         }
     }
 }
+
+/// How many entries a hash map (plain or LRU) holds, read in batches of
+/// [`LOOKUP_CHUNK`] into buffers of the map's key and value sizes (taken
+/// from the map, so any layout can be counted). Entries written or
+/// deleted meanwhile may or may not be counted.
+pub fn count_entries(fd: BorrowedFd<'_>, key_size: usize, value_size: usize) -> io::Result<usize> {
+    let mut token = [0u64; 8];
+    let mut first = true;
+    let mut keys = vec![0u8; LOOKUP_CHUNK * key_size.max(1)];
+    let mut values = vec![0u8; LOOKUP_CHUNK * value_size.max(1)];
+    let mut total = 0;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { token.as_mut_ptr() as u64 },
+            out_batch: token.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: LOOKUP_CHUNK as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..BatchAttr::default()
+        };
+        first = false;
+        let result = call(BPF_MAP_LOOKUP_BATCH, &mut attr, LOOKUP_CHUNK);
+        total += (attr.count as usize).min(LOOKUP_CHUNK);
+        match result {
+            Ok(()) => {}
+            Err(e) if e.error.raw_os_error() == Some(libc::ENOENT) => return Ok(total),
+            Err(e) => return Err(e.error),
+        }
+    }
+}

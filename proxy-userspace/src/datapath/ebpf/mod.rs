@@ -32,12 +32,13 @@ pub mod desired;
 pub mod drift;
 pub mod dump;
 pub mod external;
-pub mod lb_source;
 pub mod generation;
+pub mod lb_source;
 pub mod loader;
 pub mod maps;
 pub mod pins;
 pub mod plan;
+pub mod pressure;
 pub mod sockdestroy;
 mod write;
 
@@ -216,6 +217,10 @@ pub struct EbpfDatapath {
     /// attaches the programs again.
     relink: bool,
     metrics: counters::CapacityMetrics,
+    /// `ebpf_kube_proxy_datapath_map_pressure`, sampled on a thread that
+    /// ends when `alive` goes with the datapath.
+    pressure: pressure::PressureMetrics,
+    alive: Arc<()>,
     /// Destroys the sockets of removed backends; `None` when the kernel
     /// cannot (no `bpf_sock_destroy`) or the iterators failed to load.
     sock_destroyer: Option<sockdestroy::SockDestroyer>,
@@ -273,6 +278,9 @@ impl EbpfDatapath {
             config: config.clone(),
             relink: false,
             metrics,
+            pressure: pressure::PressureMetrics::new()
+                .map_err(|e| EbpfError::Load(format!("metrics: {e}")))?,
+            alive: Arc::new(()),
             sock_destroyer,
             sock_destroy_metrics,
             draining: sockdestroy::Draining::default(),
@@ -347,6 +355,13 @@ impl EbpfDatapath {
         Ok(moved)
     }
 
+    /// Counts the entries of the maps the programs write and sets
+    /// `ebpf_kube_proxy_datapath_map_pressure` (done every 30 s on a
+    /// thread of its own once metrics are registered).
+    pub fn sample_map_pressure(&self) -> Vec<pressure::Fill> {
+        self.pressure.update(&self.root)
+    }
+
     /// Takes what a drift check beside the applies found: a detached
     /// program is attached again, and the maps as read replace the view
     /// when nothing was written since the check read them (else the view
@@ -386,6 +401,11 @@ impl Datapath for EbpfDatapath {
     ) -> Result<(), prometheus::Error> {
         registry.register(Box::new(counters::StatsCollector::new(self.root.clone())?))?;
         self.sock_destroy_metrics.register(registry)?;
+        self.pressure.register(registry)?;
+        self.pressure.update(&self.root);
+        if let Err(e) = self.pressure.spawn(self.root.clone(), &self.alive) {
+            tracing::warn!(error = %e, "cannot start the eBPF map pressure sampler");
+        }
         self.metrics.register(registry)
     }
 
