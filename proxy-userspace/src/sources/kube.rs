@@ -43,9 +43,12 @@ use tokio_util::sync::CancellationToken;
 
 mod events;
 mod known;
+mod list_read;
 mod pb;
 mod pb_body;
 mod raw;
+
+pub use list_read::{read_list, ListRead};
 
 use super::{RejectReason, SourceMessage, SourceSender};
 use crate::config::KubeContentType;

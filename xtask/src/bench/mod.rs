@@ -7,7 +7,7 @@
 //! nftables and straight to the pod, as ratios.
 //!
 //! ```text
-//! cargo xtask bench [--only localstate|nftables|datapath|nodeport|scale|sync-under-load] [--quick]
+//! cargo xtask bench [--only localstate|kube-wire|nftables|datapath|nodeport|scale|sync-under-load] [--quick]
 //!                   [--scales 1k/10k,10k/100k,50k/250k] [--datapaths ebpf,nftables,none]
 //!                   [--sources file,kube] [--changes N] [--watchers N] [--idle-seconds N]
 //!                   [--daemon-bin PATH --fanout-bin PATH]
@@ -22,6 +22,9 @@ mod daemon;
 // that row reads it.
 #[allow(dead_code)]
 mod fanout_floor;
+// The kube source's protobuf and JSON lists (issue 37 item 4): `--only
+// kube-wire`, and rows the scale table may call.
+mod kube_wire;
 mod load;
 mod manifests;
 mod nftbase;
@@ -151,6 +154,13 @@ pub fn bench(root: &Path, args: &[String]) -> Result<()> {
     let all = only.is_none() && !o.quick;
     if all || only == Some("localstate") {
         run(cargo().args(["bench", "-p", "proxy-userspace", "--bench", "localstate"]))?;
+    }
+    if all || only == Some("kube-wire") {
+        let largest = o.scales.iter().max_by_key(|s| s.services);
+        kube_wire::bench(root, *largest.context("no scale")?)?;
+        if only.is_some() {
+            return Ok(());
+        }
     }
     if all || only == Some("yaml") {
         let largest = o.scales.iter().max_by_key(|s| s.services);
