@@ -70,6 +70,7 @@ pub const MAP_SRC_RANGES: &str = "EKP_SRC_RANGES";
 pub const MAP_EXT_AFFINITY: &str = "EKP_EXT_AFFINITY";
 pub const MAP_EXT_STATS: &str = "EKP_EXT_STATS";
 pub const MAP_REJECT_RATE: &str = "EKP_REJECT_RATE";
+pub const MAP_FRAGS: &str = "EKP_FRAGS";
 
 /// Capacities in the object. The daemon creates `EKP_SERVICES` and
 /// `EKP_BACKENDS` itself with `--ebpf-map-size` entries (unpreallocated)
@@ -87,6 +88,10 @@ pub const MAX_IFACES: u32 = 1024;
 pub const MAX_SRC_RANGES: u32 = 65_536;
 /// Sources the tc programs' reject replies are rate-limited for (LRU).
 pub const MAX_REJECT_SOURCES: u32 = 16_384;
+/// Fragmented datagrams of translated flows whose later fragments the tc
+/// programs can place at once (LRU; an entry lives while its datagram's
+/// fragments pass, a few microseconds on a LAN).
+pub const MAX_FRAGS: u32 = 8192;
 /// Most backends one service can have: the largest 23-bit slot number.
 pub const MAX_BACKENDS_PER_SERVICE: u32 = (1 << 23) - 1;
 
@@ -386,6 +391,29 @@ pub struct RejectTokens {
     pub last_ns: u64,
 }
 
+/// Key of `EKP_FRAGS`: one fragmented IP datagram as it arrives, by its
+/// addresses, protocol and identification (IPv4's 16 bits in the low half
+/// of `id`, as read in network order; IPv6's fragment header's 32 bits).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FragKey {
+    pub saddr: [u32; 4],
+    pub daddr: [u32; 4],
+    pub id: u32,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad: u16,
+}
+
+/// Value of `EKP_FRAGS`: the ports of the datagram's first fragment (the
+/// later ones carry no L4 header), network order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FragPorts {
+    pub sport: u16,
+    pub dport: u16,
+}
+
 // --- Socket destruction (iter/tcp, iter/udp programs) ---
 
 /// Map of the sockets to destroy: socket cookie → [`SockDestroyTarget`].
@@ -435,6 +463,8 @@ mod pod {
     unsafe impl aya::Pod for super::ExtAffinityKey {}
     unsafe impl aya::Pod for super::RejectKey {}
     unsafe impl aya::Pod for super::RejectTokens {}
+    unsafe impl aya::Pod for super::FragKey {}
+    unsafe impl aya::Pod for super::FragPorts {}
     unsafe impl aya::Pod for super::SockDestroyTarget {}
 }
 
@@ -505,5 +535,8 @@ mod tests {
         assert_eq!(SRC_RANGE_FRONTEND_BITS as usize, 20 * 8);
         assert_eq!(size_of::<ExtAffinityKey>(), 24);
         assert_eq!(size_of::<SockDestroyTarget>(), 20);
+        assert_eq!(size_of::<FragKey>(), 40);
+        assert_eq!(offset_of!(FragKey, id), 32);
+        assert_eq!(size_of::<FragPorts>(), 4);
     }
 }

@@ -20,10 +20,15 @@
 //! * A new flow to a frontend of a service without any usable endpoint is
 //!   refused with a TCP RST or an ICMP port unreachable ([`reject`]).
 //!
+//! * Fragments of a translated datagram are translated with it ([`frag`]);
+//!   ICMP / ICMPv6 errors about a translated flow are translated back,
+//!   quote included, in either direction ([`icmp`]).
+//!
 //! Anything else is passed on untouched (`TCX_NEXT`, so later programs on
-//! the hook still run). Fragments and IPv6 extension headers are passed on
-//! too; SCTP is not translated here (its CRC32c covers the ports and
-//! cannot be patched incrementally). Checksums are patched incrementally.
+//! the hook still run). IPv6 extension headers other than a fragment
+//! header right after the fixed header are passed on too; SCTP is not
+//! translated here (its CRC32c covers the ports and cannot be patched
+//! incrementally). Checksums are patched incrementally.
 
 use aya_ebpf::{
     bindings::{
@@ -50,6 +55,8 @@ use proxy_common::{
 
 use crate::{random_slot, EKP_BACKENDS, EKP_SERVICES, NSEC_PER_SEC};
 
+mod frag;
+mod icmp;
 mod reject;
 
 #[inline(always)]
@@ -117,8 +124,23 @@ struct Pkt {
     daddr: [u32; 4],
     sport: u16,
     dport: u16,
+    /// TCP: the flags; ICMP / ICMPv6: the type.
     tcp_flags: u8,
+    /// [`FRAG_NONE`], [`FRAG_FIRST`] or [`FRAG_LATER`] (no L4 header: the
+    /// ports are 0 until [`frag::place`] finds them).
+    frag: u8,
+    /// A fragment's identification (IPv4: 16 bits, as read), else 0.
+    frag_id: u32,
 }
+
+/// `Pkt::frag`: not a fragment.
+const FRAG_NONE: u8 = 0;
+/// `Pkt::frag`: the first fragment of a datagram (it has the L4 header).
+const FRAG_FIRST: u8 = 1;
+/// `Pkt::frag`: a later fragment.
+const FRAG_LATER: u8 = 2;
+/// IPv6 fragment header.
+const IPPROTO_FRAGMENT: u8 = 44;
 
 /// What a packet is rewritten to.
 #[derive(Clone, Copy)]
@@ -182,37 +204,78 @@ fn parse(ctx: &TcContext) -> Option<Pkt> {
 #[inline(always)]
 fn parse_with<R: PacketReader>(r: &R) -> Option<Pkt> {
     let eth_proto = u16::from_be(r.get::<u16>(12)?);
-    let (family, proto, l4, saddr, daddr) = if eth_proto == ETH_P_IP {
+    let (family, proto, l4, saddr, daddr, frag, frag_id) = if eth_proto == ETH_P_IP {
         let vihl: u8 = r.get(ETH_HLEN)?;
         let ihl = ((vihl & 0x0f) as usize) * 4;
         if vihl >> 4 != 4 || ihl < 20 {
             return None;
         }
-        // More-fragments or a fragment offset: not translated.
-        let frag = u16::from_be(r.get::<u16>(ETH_HLEN + 6)?);
-        if frag & 0x3fff != 0 {
-            return None;
-        }
+        // A fragment offset, or more fragments to come.
+        let fragw = u16::from_be(r.get::<u16>(ETH_HLEN + 6)?);
+        let (frag, id) = if fragw & 0x1fff != 0 {
+            (FRAG_LATER, r.get::<u16>(ETH_HLEN + 4)? as u32)
+        } else if fragw & 0x2000 != 0 {
+            (FRAG_FIRST, r.get::<u16>(ETH_HLEN + 4)? as u32)
+        } else {
+            (FRAG_NONE, 0)
+        };
         let proto: u8 = r.get(ETH_HLEN + 9)?;
         let s: u32 = r.get(IPV4_SADDR)?;
         let d: u32 = r.get(IPV4_DADDR)?;
-        (FAMILY_V4, proto, ETH_HLEN + ihl, [s, 0, 0, 0], [d, 0, 0, 0])
+        (
+            FAMILY_V4,
+            proto,
+            ETH_HLEN + ihl,
+            [s, 0, 0, 0],
+            [d, 0, 0, 0],
+            frag,
+            id,
+        )
     } else if eth_proto == ETH_P_IPV6 {
-        let proto: u8 = r.get(ETH_HLEN + 6)?;
+        let mut proto: u8 = r.get(ETH_HLEN + 6)?;
         let s: [u32; 4] = r.get(IPV6_SADDR)?;
         let d: [u32; 4] = r.get(IPV6_DADDR)?;
-        (FAMILY_V6, proto, ETH_HLEN + IPV6_HLEN, s, d)
+        let mut l4 = ETH_HLEN + IPV6_HLEN;
+        let (mut frag, mut id) = (FRAG_NONE, 0);
+        if proto == IPPROTO_FRAGMENT {
+            // Next header, reserved, offset (13 bits) and M, identification.
+            let fh: [u8; 4] = r.get(l4)?;
+            let offw = u16::from_be_bytes([fh[2], fh[3]]);
+            id = r.get::<u32>(l4 + 4)?;
+            proto = fh[0];
+            l4 += 8;
+            if offw & 0xfff8 != 0 {
+                frag = FRAG_LATER;
+            } else if offw & 1 != 0 {
+                frag = FRAG_FIRST;
+            }
+        }
+        (FAMILY_V6, proto, l4, s, d, frag, id)
     } else {
         return None;
     };
-    if proto != PROTO_TCP && proto != PROTO_UDP {
-        return None;
-    }
-    let ports: [u16; 2] = r.get(l4)?;
-    let tcp_flags = if proto == PROTO_TCP {
-        r.get::<u8>(l4 + 13)?
+    let icmp = if family == FAMILY_V4 {
+        icmp::IPPROTO_ICMP
     } else {
-        0
+        icmp::IPPROTO_ICMPV6
+    };
+    let (ports, tcp_flags) = if proto == icmp && frag == FRAG_NONE {
+        // Only errors (their quote names a flow); the rest costs nothing.
+        // Type and code: a read of one byte at a variable offset compiles
+        // to a bounds check the verifier does not follow.
+        let ty = r.get::<[u8; 2]>(l4)?[0];
+        if !icmp::is_error(family, ty) {
+            return None;
+        }
+        ([0, 0], ty)
+    } else if proto != PROTO_TCP && proto != PROTO_UDP {
+        return None;
+    } else if frag == FRAG_LATER {
+        ([0, 0], 0)
+    } else if proto == PROTO_TCP {
+        (r.get::<[u16; 2]>(l4)?, r.get::<u8>(l4 + 13)?)
+    } else {
+        (r.get::<[u16; 2]>(l4)?, 0)
     };
     Some(Pkt {
         family,
@@ -223,6 +286,8 @@ fn parse_with<R: PacketReader>(r: &R) -> Option<Pkt> {
         sport: ports[0],
         dport: ports[1],
         tcp_flags,
+        frag,
+        frag_id,
     })
 }
 
@@ -244,6 +309,9 @@ fn set_addr(ctx: &TcContext, p: &Pkt, off: usize, old: &[u32; 4], new: &[u32; 4]
         return Some(());
     }
     let l4_csum = l4_csum_offset(p);
+    // A later fragment has no L4 header (its datagram's checksum is in the
+    // first fragment, patched there).
+    let l4 = p.frag != FRAG_LATER;
     if p.family == FAMILY_V4 {
         let (o, n) = (old[0] as u64, new[0] as u64);
         let mangled = if p.proto == PROTO_UDP {
@@ -251,8 +319,10 @@ fn set_addr(ctx: &TcContext, p: &Pkt, off: usize, old: &[u32; 4], new: &[u32; 4]
         } else {
             0
         };
-        ctx.l4_csum_replace(l4_csum, o, n, BPF_F_PSEUDO_HDR as u64 | mangled | 4)
-            .ok()?;
+        if l4 {
+            ctx.l4_csum_replace(l4_csum, o, n, BPF_F_PSEUDO_HDR as u64 | mangled | 4)
+                .ok()?;
+        }
         ctx.l3_csum_replace(IPV4_CSUM, o, n, 4).ok()?;
         ctx.store(off, &new[0], 0).ok()?;
     } else {
@@ -271,8 +341,10 @@ fn set_addr(ctx: &TcContext, p: &Pkt, off: usize, old: &[u32; 4], new: &[u32; 4]
         if diff < 0 {
             return None;
         }
-        ctx.l4_csum_replace(l4_csum, 0, diff as u64, BPF_F_PSEUDO_HDR as u64)
-            .ok()?;
+        if l4 {
+            ctx.l4_csum_replace(l4_csum, 0, diff as u64, BPF_F_PSEUDO_HDR as u64)
+                .ok()?;
+        }
         // IPv6 has no header checksum: the stored bytes themselves change
         // the packet's sum, so a CHECKSUM_COMPLETE skb needs it recomputed.
         ctx.store(off, new, BPF_F_RECOMPUTE_CSUM as u64).ok()?;
@@ -292,7 +364,7 @@ fn l4_csum_offset(p: &Pkt) -> usize {
 /// Rewrites a port (at `off` in the L4 header) and patches the checksum.
 #[inline(always)]
 fn set_port(ctx: &TcContext, p: &Pkt, off: usize, old: u16, new: u16) -> Option<()> {
-    if old == new {
+    if old == new || p.frag == FRAG_LATER {
         return Some(());
     }
     let mangled = if p.proto == PROTO_UDP && p.family == FAMILY_V4 {
@@ -357,8 +429,8 @@ fn route(ctx: &TcContext, p: &Pkt, src: &[u32; 4], dst: &[u32; 4]) -> u32 {
 /// Sends a rewritten packet out of the interface its destination routes
 /// through, resolving the neighbour there.
 #[inline(always)]
-fn forward(ctx: &TcContext, p: &Pkt, t: &Tuple) -> i32 {
-    let ifindex = route(ctx, p, &t.saddr, &t.daddr);
+fn forward(ctx: &TcContext, p: &Pkt, src: &[u32; 4], dst: &[u32; 4]) -> i32 {
+    let ifindex = route(ctx, p, src, dst);
     if ifindex == 0 {
         count(STAT_EXT_UNROUTABLE);
         return DROP;
@@ -413,8 +485,11 @@ fn translate(ctx: &TcContext, p: &Pkt, t: &Tuple, flags: u8) -> i32 {
         return DROP;
     }
     count(STAT_EXT_TRANSLATED);
+    if p.frag == FRAG_FIRST {
+        frag::remember(p);
+    }
     if redirect {
-        return forward(ctx, p, t);
+        return forward(ctx, p, &t.saddr, &t.daddr);
     }
     TCX_NEXT
 }
@@ -637,17 +712,7 @@ fn record(p: &Pkt, f: &mut Flow) -> bool {
 #[inline(never)]
 fn new_flow(ctx: &TcContext, p: &Pkt, hdr: &ServiceValue, now: u64) -> i32 {
     let key = frontend_key(p);
-    let (n, flags, service_id) = (hdr.count, hdr.flags, hdr.service_id);
-    if n == 0 {
-        // No endpoint at all: refused at once, as kube-proxy does; none
-        // for traffic from outside (externalTrafficPolicy Local): dropped.
-        if flags & SVC_FLAG_REJECT != 0 {
-            count(STAT_EXT_REJECTED);
-            return reject::reject(ctx, p, now);
-        }
-        count(STAT_EXT_NO_BACKEND);
-        return DROP;
-    }
+    let (flags, service_id) = (hdr.flags, hdr.service_id);
     if flags & SVC_FLAG_SOURCE_RANGES != 0 && !source_allowed(p) {
         count(STAT_EXT_SOURCE_DENIED);
         return DROP;
@@ -698,6 +763,22 @@ fn new_flow(ctx: &TcContext, p: &Pkt, hdr: &ServiceValue, now: u64) -> i32 {
     translate(ctx, p, &t, redirect)
 }
 
+/// A new flow to a frontend without endpoints (`count == 0`): refused at
+/// once, as kube-proxy does, when the service has none at all; dropped
+/// when it has none for traffic from outside (externalTrafficPolicy
+/// Local). Called by the program itself, beside [`new_flow`], and out of
+/// line, so that the reply's frames stack neither on `new_flow`'s nor in
+/// the program's own.
+#[inline(never)]
+fn no_endpoint(ctx: &TcContext, p: &Pkt, hdr: &ServiceValue, now: u64) -> i32 {
+    if hdr.flags & SVC_FLAG_REJECT != 0 {
+        count(STAT_EXT_REJECTED);
+        return reject::reject(ctx, p, now);
+    }
+    count(STAT_EXT_NO_BACKEND);
+    DROP
+}
+
 /// The external-scope header key of the packet's destination.
 #[inline(always)]
 fn frontend_key(p: &Pkt) -> ServiceKey {
@@ -721,15 +802,19 @@ fn frontend(p: &Pkt) -> Option<ServiceValue> {
 
 #[classifier]
 pub fn ekp_tc_ingress(ctx: TcContext) -> i32 {
-    let Some(p) = parse(&ctx) else {
+    let Some(mut p) = parse(&ctx) else {
         return TCX_NEXT;
     };
     let now = now_ns();
+    if p.sport == 0 && p.dport == 0 {
+        return without_ports(&ctx, &mut p, now, false);
+    }
     if let Some(hdr) = frontend(&p) {
         // To a frontend: the client's direction of a tracked flow, or a
         // new one.
         return match known_flow(&ctx, &p, now, false) {
             Some(verdict) => verdict,
+            None if hdr.count == 0 => no_endpoint(&ctx, &p, &hdr, now),
             None => new_flow(&ctx, &p, &hdr, now),
         };
     }
@@ -744,8 +829,27 @@ pub fn ekp_tc_ingress(ctx: TcContext) -> i32 {
 
 #[classifier]
 pub fn ekp_tc_egress(ctx: TcContext) -> i32 {
-    let Some(p) = parse(&ctx) else {
+    let Some(mut p) = parse(&ctx) else {
         return TCX_NEXT;
     };
-    known_flow(&ctx, &p, now_ns(), true).unwrap_or(TCX_NEXT)
+    let now = now_ns();
+    if p.sport == 0 && p.dport == 0 {
+        return without_ports(&ctx, &mut p, now, true);
+    }
+    known_flow(&ctx, &p, now, true).unwrap_or(TCX_NEXT)
+}
+
+/// A packet without ports of its own: an ICMP error (translated when it is
+/// about a tracked flow), a later fragment (translated as its flow when
+/// its first fragment was), or a datagram to port 0 (no service's). One
+/// lookup when it is no service's.
+#[inline(always)]
+fn without_ports(ctx: &TcContext, p: &mut Pkt, now: u64, egress: bool) -> i32 {
+    if p.proto != PROTO_TCP && p.proto != PROTO_UDP {
+        return icmp::error(ctx, p, now, egress);
+    }
+    if p.frag == FRAG_LATER && frag::place(p) {
+        return known_flow(ctx, p, now, egress).unwrap_or(TCX_NEXT);
+    }
+    TCX_NEXT
 }

@@ -22,12 +22,12 @@ use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError};
 use aya::Ebpf;
 use aya::EbpfLoader;
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, CtKey, CtValue, ExtAffinityKey, IfaceValue, RejectKey,
-    RejectTokens, RevNatKey, RevNatValue, ServiceKey, ServiceValue, SrcRangeKey, EXT_STAT_COUNT,
-    MAP_AFFINITY, MAP_BACKENDS, MAP_CT, MAP_EXT_AFFINITY, MAP_EXT_STATS, MAP_IFACES,
-    MAP_REJECT_RATE, MAP_REVNAT, MAP_SERVICES, MAP_SRC_RANGES, MAP_STATS, MAX_AFFINITY,
-    MAX_BACKENDS, MAX_CT, MAX_IFACES, MAX_REJECT_SOURCES, MAX_REVNAT, MAX_SERVICE_ENTRIES,
-    MAX_SRC_RANGES, STAT_COUNT,
+    AffinityKey, AffinityValue, Backend, CtKey, CtValue, ExtAffinityKey, FragKey, FragPorts,
+    IfaceValue, RejectKey, RejectTokens, RevNatKey, RevNatValue, ServiceKey, ServiceValue,
+    SrcRangeKey, EXT_STAT_COUNT, MAP_AFFINITY, MAP_BACKENDS, MAP_CT, MAP_EXT_AFFINITY,
+    MAP_EXT_STATS, MAP_FRAGS, MAP_IFACES, MAP_REJECT_RATE, MAP_REVNAT, MAP_SERVICES,
+    MAP_SRC_RANGES, MAP_STATS, MAX_AFFINITY, MAX_BACKENDS, MAX_CT, MAX_FRAGS, MAX_IFACES,
+    MAX_REJECT_SOURCES, MAX_REVNAT, MAX_SERVICE_ENTRIES, MAX_SRC_RANGES, STAT_COUNT,
 };
 
 use super::external::{self, ExtMaps, NodeIface};
@@ -53,7 +53,7 @@ pub const PROGRAMS: [&str; 8] = [
 
 /// Every map with the key size, value size and capacity this binary uses
 /// (the capacity of [`SIZED_MAPS`] is `--ebpf-map-size` instead).
-pub const MAPS: [(&str, usize, usize, u32); 11] = [
+pub const MAPS: [(&str, usize, usize, u32); 12] = [
     (
         MAP_SERVICES,
         size_of::<ServiceKey>(),
@@ -111,11 +111,17 @@ pub const MAPS: [(&str, usize, usize, u32); 11] = [
         size_of::<RejectTokens>(),
         MAX_REJECT_SOURCES,
     ),
+    (
+        MAP_FRAGS,
+        size_of::<FragKey>(),
+        size_of::<FragPorts>(),
+        MAX_FRAGS,
+    ),
 ];
 
 /// Maps only the programs write, whose contents may be lost: pinned with
 /// another layout (an earlier version's), they are replaced, not refused.
-const REPLACEABLE_MAPS: [&str; 2] = [MAP_EXT_STATS, MAP_REJECT_RATE];
+const REPLACEABLE_MAPS: [&str; 3] = [MAP_EXT_STATS, MAP_REJECT_RATE, MAP_FRAGS];
 
 /// One line of /proc/self/mountinfo.
 #[derive(Clone, Debug, PartialEq, Eq)]
