@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap, Map, MapData};
 use ebpf_kube_proxy::apply::Applier;
-use ebpf_kube_proxy::datapath::ebpf::{codec::Vip, EbpfDatapath};
+use ebpf_kube_proxy::datapath::ebpf::{codec::Vip, linkstate, EbpfDatapath};
 use proxy_common::{ServiceKey, ServiceValue, PROTO_TCP};
 
 mod common;
@@ -149,6 +149,43 @@ fn what_a_check_beside_the_applies_finds_is_repaired_by_the_next_full_sync() {
     dp.drift_found();
     let applied = dp.apply(&state).expect("the repairing full sync");
     assert!(applied.full);
+    assert_eq!(connect(&env, &vip), "ok:127.0.0.1");
+    let left = dp.verify().expect("verify");
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn a_link_detached_but_still_pinned_is_drift_and_attached_again() {
+    let Some(env) = env("detached") else { return };
+    let config = env.config(1 << 16, &["0.0.0.0/32"]);
+    let state = Arc::new(scale::with_service(
+        &scale::state(10, 30),
+        local_service(7, "127.0.0.1"),
+    ));
+    let mut dp = Applier::new(Box::new(EbpfDatapath::open(&config).expect("open")));
+    dp.apply(&state).expect("apply");
+    let vip = scale::vip(7).to_string();
+    assert_eq!(connect(&env, &vip), "ok:127.0.0.1");
+
+    // Detached as `bpftool link detach` does: the pin stays, the hook goes.
+    let pin = env.bpffs.join("links/ekp_connect4");
+    assert_eq!(linkstate::attached(&pin), Some(true));
+    linkstate::detach(&pin).expect("BPF_LINK_DETACH");
+    assert!(pin.exists());
+    assert_eq!(linkstate::attached(&pin), Some(false));
+    assert!(!connect(&env, &vip).starts_with("ok:"));
+
+    let check = dp.drift_check().expect("a check beside the applies");
+    let drifts = check().expect("the check ran");
+    assert_eq!(drifts.len(), 1, "{drifts:?}");
+    assert!(
+        drifts[0].object.ends_with("links/ekp_connect4"),
+        "{drifts:?}"
+    );
+    assert!(drifts[0].found.contains("detached"), "{drifts:?}");
+    dp.drift_found();
+    dp.apply(&state).expect("the repairing full sync");
+    assert_eq!(linkstate::attached(&pin), Some(true));
     assert_eq!(connect(&env, &vip), "ok:127.0.0.1");
     let left = dp.verify().expect("verify");
     assert!(left.is_empty(), "{left:?}");

@@ -38,6 +38,33 @@ pub fn missing_links(root: &Path) -> Vec<Drift> {
         .collect()
 }
 
+/// Link pins under `root` whose link no longer attaches its program; one
+/// difference each.
+pub fn detached_links(root: &Path) -> Vec<Drift> {
+    let Ok(dir) = std::fs::read_dir(root.join(LINKS_DIR)) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Drift> = dir
+        .flatten()
+        .filter(|e| super::linkstate::attached(&e.path()) == Some(false))
+        .map(|e| {
+            Drift::new(
+                DriftKind::Link,
+                format!(
+                    "{}/{LINKS_DIR}/{}",
+                    root.display(),
+                    e.file_name().to_string_lossy()
+                ),
+                "",
+                "pinned link (program attached)",
+                "pinned link, detached (program not attached)",
+            )
+        })
+        .collect();
+    out.sort_by(|a, b| a.object.cmp(&b.object));
+    out
+}
+
 /// The difference of a missing link pin `name`.
 pub fn missing_link(root: &Path, name: &str) -> Drift {
     Drift::new(
@@ -71,6 +98,7 @@ pub fn check(
     owner: &dyn Fn(&Vip) -> Option<String>,
 ) -> Result<(Vec<Drift>, Found), EbpfError> {
     let mut out = missing_links(root);
+    out.extend(detached_links(root));
     out.extend(
         external::missing_pins(root, ifaces)
             .into_iter()

@@ -34,6 +34,7 @@ pub mod dump;
 pub mod external;
 pub mod generation;
 pub mod lb_source;
+pub mod linkstate;
 pub mod loader;
 pub mod maps;
 pub mod pins;
