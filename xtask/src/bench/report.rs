@@ -46,6 +46,15 @@ fn full_sync_goal(datapath: &str) -> Goal {
     }
 }
 
+/// Issue 37: `exec` → every service answering.
+fn served_goal(datapath: &str) -> Goal {
+    match datapath {
+        "ebpf" => Some(2.0),
+        "nftables" => Some(5.0),
+        _ => None,
+    }
+}
+
 /// Issue 17's goals for `datapath` and `source`.
 fn rows(datapath: &str, source: Source) -> Vec<Row> {
     let end_to_end = match (datapath, source) {
@@ -59,7 +68,13 @@ fn rows(datapath: &str, source: Source) -> Vec<Row> {
     };
     let mut rows = vec![
         Row {
-            figure: "start → whole state programmed",
+            figure: "exec → served: spawn to the first, middle and last service answering",
+            unit: "s",
+            goal: served_goal(datapath),
+            value: |c| c.served_s.clone(),
+        },
+        Row {
+            figure: "  … exec → whole state programmed, the daemon's own timestamp",
             unit: "s",
             goal: full_sync_goal(datapath),
             value: |c| c.full_sync_s.clone(),
