@@ -170,6 +170,12 @@ fn rows(datapath: &str, source: Source) -> Vec<Row> {
             value: |c| c.fanout_floor_ms.clone(),
         },
         Row {
+            figure: "  … full frames ÷ that floor, measured in the same run",
+            unit: "×",
+            goal: Some(1.5),
+            value: CellResult::fanout_ratio,
+        },
+        Row {
             figure: "localnet: 100 watchers get a new revision, delta Watch",
             unit: "ms",
             goal: Some(500.0),
@@ -241,7 +247,7 @@ fn number(v: f64, unit: &str) -> String {
     } else {
         3
     };
-    let unit = if unit.is_empty() || unit == "%" {
+    let unit = if unit.is_empty() || unit == "%" || unit == "×" {
         unit.to_owned()
     } else {
         format!(" {unit}")
@@ -394,4 +400,71 @@ pub fn json_report(
         "nft_f_baseline": baselines,
         "cells": cells.iter().map(CellResult::to_json).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::manifests;
+
+    fn none<T>() -> Result<T, String> {
+        Err("not measured".to_owned())
+    }
+
+    fn cell(datapath: &'static str) -> CellResult {
+        CellResult {
+            scale: manifests::parse_scale("1k/10k").unwrap(),
+            datapath,
+            source: Source::File,
+            full_sync_s: none(),
+            served_s: none(),
+            changes: none(),
+            idle_cpu_pct: none(),
+            peak_rss_mib: none(),
+            fanout_ms: none(),
+            fanout_floor_ms: none(),
+            fanout_cpu: none(),
+            fanout_delta_ms: none(),
+            relist: none(),
+            rotation: none(),
+            restart: none(),
+        }
+    }
+
+    fn text(c: &CellResult, figure: &str) -> String {
+        let row = rows(c.datapath, c.source)
+            .into_iter()
+            .find(|r| r.figure.contains(figure))
+            .unwrap_or_else(|| panic!("no row {figure:?}"));
+        cell_text(&row, c)
+    }
+
+    #[test]
+    fn exec_to_served_against_each_datapaths_goal() {
+        let mut c = cell("ebpf");
+        c.served_s = Ok(1.9);
+        assert_eq!(text(&c, "exec → served"), "1.90 s met");
+        c.served_s = Ok(2.1);
+        assert_eq!(text(&c, "exec → served"), "**2.10 s MISSED**");
+        let mut n = cell("nftables");
+        n.served_s = Ok(4.5);
+        assert_eq!(text(&n, "exec → served"), "4.50 s met");
+        n.served_s = Err("1 of 3 sampled services answered".to_owned());
+        assert_eq!(
+            text(&n, "exec → served"),
+            "**MISSED: 1 of 3 sampled services answered**"
+        );
+    }
+
+    #[test]
+    fn fanout_over_its_floor_of_the_same_run() {
+        let mut c = cell("ebpf");
+        c.fanout_ms = Ok(150.0);
+        c.fanout_floor_ms = Ok(100.0);
+        assert_eq!(text(&c, "÷ that floor"), "1.50× met");
+        c.fanout_floor_ms = Ok(50.0);
+        assert_eq!(text(&c, "÷ that floor"), "**3.00× MISSED**");
+        c.fanout_floor_ms = Err("the fan-out failed".to_owned());
+        assert_eq!(text(&c, "÷ that floor"), "**MISSED: the fan-out failed**");
+    }
 }

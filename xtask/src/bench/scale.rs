@@ -15,6 +15,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use super::daemon::{self, unix_now, Progress};
+use super::fanout_floor::{self, Transport};
 use super::manifests::{self, Scale};
 use crate::e2e::bed::Bed;
 use crate::e2e::fake_apiserver::FakeApiServer;
@@ -296,12 +297,14 @@ pub fn run_cell(
         );
     }
     result.fanout_floor_ms = full.and_then(|f| {
-        copy_floor_ms(f.frame_bytes, settings.watchers).map_err(|e| format!("{e:#}"))
+        fanout_floor::floor_ms(f.frame_bytes, settings.watchers, Transport::Unix, 3)
+            .map_err(|e| format!("{e:#}"))
     });
     progress_line(
         "fan-out floor, unix sockets only (ms)",
         &result.fanout_floor_ms,
     );
+    progress_line("fan-out / floor", &result.fanout_ratio());
     result.fanout_delta_ms = fan(next_generation + 1, true).map(|f| f.ms);
     progress_line("fan-out, delta Watch (ms)", &result.fanout_delta_ms);
     result.restart = if datapath == "none" {
@@ -642,50 +645,6 @@ fn fanout(
     result
 }
 
-/// Milliseconds to copy `bytes` to each of `watchers` unix sockets and read
-/// them on the other ends, one thread writing and one reading: the least
-/// any protocol can take to hand every watcher a frame of that size on
-/// this machine.
-fn copy_floor_ms(bytes: usize, watchers: usize) -> Result<f64> {
-    use std::io::{Read, Write};
-    use std::os::unix::net::UnixStream;
-    const CHUNK: usize = 1 << 20;
-    let pairs = (0..watchers)
-        .map(|_| UnixStream::pair())
-        .collect::<std::io::Result<Vec<_>>>()
-        .context("creating socket pairs")?;
-    let (writers, readers): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
-    let started = Instant::now();
-    let reader = std::thread::spawn(move || -> std::io::Result<()> {
-        let mut buf = vec![0u8; CHUNK];
-        for mut r in readers {
-            let mut left = bytes;
-            while left > 0 {
-                let n = r.read(&mut buf[..left.min(CHUNK)])?;
-                if n == 0 {
-                    return Err(std::io::ErrorKind::UnexpectedEof.into());
-                }
-                left -= n;
-            }
-        }
-        Ok(())
-    });
-    let chunk = vec![0x5au8; CHUNK];
-    for mut w in writers {
-        let mut left = bytes;
-        while left > 0 {
-            let n = left.min(CHUNK);
-            w.write_all(&chunk[..n]).context("writing")?;
-            left -= n;
-        }
-    }
-    reader
-        .join()
-        .map_err(|_| anyhow::anyhow!("the reader panicked"))?
-        .context("reading")?;
-    Ok(started.elapsed().as_secs_f64() * 1e3)
-}
-
 /// The fan-out helper's next line, within [`FANOUT_TIMEOUT`]; gives up
 /// early when the daemon's RSS passes [`FANOUT_RSS_CAP_MIB`] (a copy of the
 /// state per watcher must not take the machine down).
@@ -844,6 +803,18 @@ fn summary(samples: &[f64]) -> Value {
 }
 
 impl CellResult {
+    /// The full-frame fan-out over its floor measured in the same run
+    /// (issue 37: at most 1.5).
+    pub fn fanout_ratio(&self) -> Result<f64, String> {
+        let fanout = self.fanout_ms.clone()?;
+        let floor = self.fanout_floor_ms.clone()?;
+        if floor > 0.0 {
+            Ok(fanout / floor)
+        } else {
+            Err(format!("a floor of {floor} ms"))
+        }
+    }
+
     pub fn to_json(&self) -> Value {
         json!({
             "scale": self.scale.label(),
@@ -862,6 +833,7 @@ impl CellResult {
             "vmhwm_mib": json_of(&self.peak_rss_mib, |v| json!(v)),
             "fanout_ms": json_of(&self.fanout_ms, |v| json!(v)),
             "fanout_floor_ms": json_of(&self.fanout_floor_ms, |v| json!(v)),
+            "fanout_over_floor": json_of(&self.fanout_ratio(), |v| json!(v)),
             "fanout_cpu_s": json_of(&self.fanout_cpu, |c| json!({
                 "daemon": c.daemon_s,
                 "watchers": c.watchers_s,
