@@ -68,12 +68,22 @@ fn frontend_endpoints(
         (counts, key.to_vec()),
         ElementValue::Data(vec![KeyPart::Mark(count)]),
     );
+    // A list another frontend has added its addresses already.
+    let added = out
+        .slots
+        .iter()
+        .any(|l| std::sync::Arc::ptr_eq(&l.targets, targets));
     out.slots.push(SlotList {
         map: endpoints,
         frontend: key.to_vec(),
         targets: targets.clone(),
     });
-    out.hairpin.extend(targets.iter().map(|t| t.0));
+    if !added && out.hairpin.is_empty() {
+        // In address order: built in one pass.
+        out.hairpin = targets.iter().map(|t| t.0).collect();
+    } else if !added {
+        out.hairpin.extend(targets.iter().map(|t| t.0));
+    }
 }
 
 /// What one service needs in family `f`.
