@@ -206,6 +206,7 @@ fn test(root: &Path) -> Result<()> {
                 &e2e::Options {
                     proxy_mode: (*mode).to_owned(),
                     filter: None,
+                    upgrade_from: None,
                 },
             )?;
         }

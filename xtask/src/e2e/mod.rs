@@ -14,6 +14,7 @@ pub use test_support::{fake_apiserver, netexec};
 pub mod conformance;
 pub(crate) mod scenarios;
 pub mod soak;
+pub mod upgrade;
 
 use std::path::Path;
 use std::process::Command;
@@ -24,12 +25,15 @@ use anyhow::{bail, Context, Result};
 pub struct Options {
     pub proxy_mode: String,
     pub filter: Option<String>,
+    /// The old build of the upgrade scenario (`--upgrade-from REF`).
+    pub upgrade_from: Option<String>,
 }
 
 pub fn parse_args(args: &[String]) -> Result<Options> {
     let mut opts = Options {
         proxy_mode: "ebpf".to_owned(),
         filter: None,
+        upgrade_from: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -38,6 +42,9 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
                 opts.proxy_mode = it.next().context("--proxy-mode needs a value")?.clone()
             }
             "--filter" => opts.filter = Some(it.next().context("--filter needs a value")?.clone()),
+            "--upgrade-from" => {
+                opts.upgrade_from = Some(it.next().context("--upgrade-from needs a REF")?.clone())
+            }
             other => bail!("e2e: unknown argument {other}"),
         }
     }
@@ -79,6 +86,13 @@ fn preflight() -> Result<()> {
 /// hidden behind a rerun (issue 38).
 pub fn run(root: &Path, opts: &Options) -> Result<(usize, usize, usize)> {
     preflight()?;
+    let selected = |name: &str| opts.filter.as_deref().is_none_or(|f| name.contains(f));
+    if scenarios::all()
+        .iter()
+        .any(|s| s.name.starts_with("upgrade") && selected(s.name))
+    {
+        upgrade::prepare(root, opts.upgrade_from.as_deref())?;
+    }
     let daemon_bin = crate::paths::daemon_bin(root);
     let mut bed = bed::Bed::new(&opts.proxy_mode, daemon_bin)?;
     println!(

@@ -133,6 +133,10 @@ pub fn all() -> Vec<Scenario> {
             name: "scale-50k-services-250k-endpoints-programmed-and-served",
             run: scale::fifty_thousand_services_programmed_and_served,
         },
+        Scenario {
+            name: "upgrade-old-new-old-under-load-keeps-traffic-pins-and-dump",
+            run: upgrade::old_new_old,
+        },
     ]
 }
 
@@ -147,6 +151,7 @@ mod manifests;
 mod restart;
 mod scale;
 mod two_node;
+mod upgrade;
 mod upstream;
 mod upstream_conntrack;
 mod upstream_more;

@@ -1,0 +1,154 @@
+//! The old build the upgrade scenario switches to and from (issue 38 item
+//! 2): `cargo xtask e2e --filter upgrade [--upgrade-from REF]`.
+//!
+//! The old ref is checked out with `git worktree add` beside the workspace
+//! (`<workspace>/../upgrade-old/<sha>`, never inside it) and built there
+//! into its own target directory (`<workspace>/../upgrade-old/target`): its
+//! eBPF object and daemon never touch this tree's `target/`. The finished
+//! daemon is kept as `upgrade-old/bin/<sha>/ebpf-kube-proxy` and reused by
+//! every later run; the worktree is removed once built.
+//!
+//! Without `--upgrade-from`, the old ref is the last commit that changed a
+//! pinned map's layout or the programs' section names ([`LAYOUT_PATHS`],
+//! [`LAYOUT_LINES`]): the newest build whose pins a daemon of this tree
+//! can meet on a node.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+/// Where the pinned maps' layout and the programs' sections are defined.
+pub const LAYOUT_PATHS: [&str; 2] = ["proxy-common/src/lib.rs", "proxy-ebpf/src"];
+
+/// A line that defines layout (`git log -G`): a field of a `#[repr(C)]`
+/// struct, a map or program attribute, a map static, a map name or
+/// capacity.
+pub const LAYOUT_LINES: &str = r"^\s*(pub [a-z_0-9]+: [][A-Za-z0-9_; ]+,|#\[(map|classifier|cgroup_sock_addr|iter|sock_ops|fentry|kprobe)\b|(pub )?static [A-Z_0-9]+: |pub const (MAP_|MAX_)[A-Z_0-9]+|pub const [A-Z_]*COUNT: )";
+
+/// The old daemon the scenario runs, set by [`prepare`].
+#[derive(Clone, Debug)]
+pub struct OldBuild {
+    pub sha: String,
+    /// `git log --oneline` of the ref, for the log lines.
+    pub title: String,
+    pub daemon_bin: PathBuf,
+}
+
+static OLD: OnceLock<OldBuild> = OnceLock::new();
+
+/// The old build [`prepare`] made, if it ran.
+pub fn old_build() -> Option<&'static OldBuild> {
+    OLD.get()
+}
+
+/// Where old builds live: beside the workspace, not in it.
+pub fn upgrade_dir(root: &Path) -> PathBuf {
+    root.parent()
+        .unwrap_or(Path::new("/tmp"))
+        .join("upgrade-old")
+}
+
+fn git(root: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(args)
+        .output()
+        .with_context(|| format!("running git {args:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "git {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The last commit of HEAD's history that changed a layout line.
+pub fn last_layout_change(root: &Path) -> Result<String> {
+    let mut args = vec!["log", "-1", "--format=%H", "-G", LAYOUT_LINES, "--"];
+    args.extend(LAYOUT_PATHS);
+    let sha = git(root, &args)?;
+    if sha.is_empty() {
+        bail!("no commit changed {LAYOUT_PATHS:?}: give --upgrade-from REF");
+    }
+    Ok(sha)
+}
+
+/// Resolves `from` (or the default), builds it unless built already, and
+/// records it for the scenario.
+pub fn prepare(root: &Path, from: Option<&str>) -> Result<&'static OldBuild> {
+    if let Some(b) = OLD.get() {
+        return Ok(b);
+    }
+    let (sha, why) = match from {
+        Some(r) => (
+            git(root, &["rev-parse", "--verify", &format!("{r}^{{commit}}")])?,
+            format!("--upgrade-from {r}"),
+        ),
+        None => (
+            last_layout_change(root)?,
+            "the last commit that changed a pinned map's layout or a program section".to_owned(),
+        ),
+    };
+    let title = git(root, &["log", "-1", "--format=%h %s", &sha])?;
+    let title: String = title.chars().take(100).collect();
+    println!("upgrade: old build {title} ({why})");
+    let dir = upgrade_dir(root);
+    let daemon_bin = dir.join("bin").join(&sha).join("ebpf-kube-proxy");
+    if daemon_bin.exists() {
+        println!("upgrade: reusing {}", daemon_bin.display());
+    } else {
+        build(root, &dir, &sha, &daemon_bin)?;
+    }
+    Ok(OLD.get_or_init(|| OldBuild {
+        sha,
+        title,
+        daemon_bin,
+    }))
+}
+
+/// `git worktree add` of `sha`, its eBPF object and debug daemon built
+/// into `dir/target`, the daemon copied to `daemon_bin`, the worktree
+/// removed.
+fn build(root: &Path, dir: &Path, sha: &str, daemon_bin: &Path) -> Result<()> {
+    let started = Instant::now();
+    let tree = dir.join(sha);
+    let target = dir.join("target");
+    std::fs::create_dir_all(dir)?;
+    if !tree.join("Cargo.toml").exists() {
+        // A worktree whose directory is gone is still registered: forget it.
+        git(root, &["worktree", "prune"])?;
+        let tree_arg = tree.to_string_lossy().into_owned();
+        git(root, &["worktree", "add", "--detach", &tree_arg, sha])?;
+    }
+    // The rustup proxy (not this process's `$CARGO`), so the old tree's own
+    // toolchain choice holds; its xtask and build script read the target
+    // directory from CARGO_TARGET_DIR.
+    let cargo = |args: &[&str]| -> Result<()> {
+        let mut cmd = Command::new("cargo");
+        cmd.current_dir(&tree)
+            .args(args)
+            .env("CARGO_TARGET_DIR", &target)
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("EKP_EBPF_OBJECT");
+        crate::run(&mut cmd)
+    };
+    cargo(&["xtask", "build-ebpf", "--release"])?;
+    cargo(&["build", "--bin", "ebpf-kube-proxy"])?;
+    std::fs::create_dir_all(daemon_bin.parent().context("bin dir")?)?;
+    let tmp = daemon_bin.with_extension("tmp");
+    std::fs::copy(target.join("debug/ebpf-kube-proxy"), &tmp).context("copying the old daemon")?;
+    std::fs::rename(&tmp, daemon_bin)?;
+    let tree_arg = tree.to_string_lossy().into_owned();
+    git(root, &["worktree", "remove", "--force", &tree_arg])?;
+    println!(
+        "upgrade: built {sha} in {:.0} s (target directory {})",
+        started.elapsed().as_secs_f64(),
+        target.display()
+    );
+    Ok(())
+}
