@@ -225,7 +225,7 @@ pub fn bench(root: &Path, args: &[String]) -> Result<()> {
             &BTreeMap::new(),
             &commit,
             o.quick,
-            nodeport.as_ref(),
+            (nodeport.as_ref(), &[]),
         )?;
         println!("results: {} (and results.md)", path.display());
     }
@@ -398,23 +398,76 @@ fn scale_table(
                 cells.push(scale::run_cell(scale, datapath, source, &settings));
                 // After every cell: a long run stopped halfway keeps its figures.
                 write_results(
-                    root, &cells, &o.scales, &baselines, commit, o.quick, nodeport,
+                    root,
+                    &cells,
+                    &o.scales,
+                    &baselines,
+                    commit,
+                    o.quick,
+                    (nodeport, &[]),
                 )?;
             }
         }
     }
+    let largest = *o
+        .scales
+        .iter()
+        .max_by_key(|s| s.services)
+        .context("no scale")?;
+    println!(
+        "[{:>4.0} s] {}: kube lists in protobuf and JSON, manifests read as YAML and JSON",
+        started.elapsed().as_secs_f64(),
+        largest.label()
+    );
+    let side = side_rows(root, dir, largest);
     let table = report::markdown(&cells, &o.scales, &baselines);
-    let (met, missed) = report::verdicts(&cells);
+    let (mut met, mut missed) = report::verdicts(&cells);
     println!("\n{table}");
+    println!(
+        "{} services / {} endpoints:",
+        largest.services, largest.endpoints
+    );
+    for row in &side {
+        println!("  {row}");
+        if row.contains(" MISSED") || row.contains("ERROR") {
+            missed += 1;
+        } else if row.contains(" met") {
+            met += 1;
+        }
+    }
     println!(
         "{met} figures met their goal, {missed} MISSED ({:.0} s, commit {commit})",
         started.elapsed().as_secs_f64()
     );
     let path = write_results(
-        root, &cells, &o.scales, &baselines, commit, o.quick, nodeport,
+        root,
+        &cells,
+        &o.scales,
+        &baselines,
+        commit,
+        o.quick,
+        (nodeport, &side),
     )?;
     println!("results: {} (and results.md)", path.display());
     Ok(())
+}
+
+/// The figures measured once a run at `scale`, beside the cells: the kube
+/// source's lists in protobuf against JSON ([`kube_wire`]) and the file
+/// source's read rate of YAML and JSON manifests ([`yaml_rate`]), one line
+/// each with its verdict; a figure that cannot be measured is a line
+/// saying why.
+fn side_rows(root: &Path, dir: &Path, scale: Scale) -> Vec<String> {
+    let mut out = Vec::new();
+    match kube_wire::build_decoder(root, dir).and_then(|d| kube_wire::measure(&d, dir, scale)) {
+        Ok(wire) => out.extend(kube_wire::rows(&wire)),
+        Err(e) => out.push(format!("kube lists, protobuf vs JSON: ERROR {e:#}")),
+    }
+    match yaml_rate::build_reader(root, dir).and_then(|r| yaml_rate::measure(&r, dir, scale)) {
+        Ok(rates) => out.extend(yaml_rate::rows(&rates)),
+        Err(e) => out.push(format!("manifests read, YAML and JSON: ERROR {e:#}")),
+    }
+    out
 }
 
 /// `target/bench/results.json` and `results.md`; the JSON's path.
@@ -425,7 +478,7 @@ fn write_results(
     baselines: &BTreeMap<String, Result<f64, String>>,
     commit: &str,
     quick: bool,
-    nodeport: Option<&nodeport::NodePortResult>,
+    (nodeport, side): (Option<&nodeport::NodePortResult>, &[String]),
 ) -> Result<PathBuf> {
     let out_dir = crate::paths::target_dir(root).join("bench");
     std::fs::create_dir_all(&out_dir).context("creating target/bench")?;
@@ -440,6 +493,15 @@ fn write_results(
             md.push('\n');
         }
         md.push_str(&report::markdown(cells, scales, baselines));
+    }
+    if !side.is_empty() {
+        json["side_rows"] = serde_json::json!(side);
+        md.push_str("\n```text\n");
+        for row in side {
+            md.push_str(row);
+            md.push('\n');
+        }
+        md.push_str("```\n");
     }
     let path = out_dir.join("results.json");
     std::fs::write(&path, serde_json::to_string_pretty(&json)? + "\n")
