@@ -479,6 +479,11 @@ impl ServedProbe {
     }
 }
 
+/// How long after programmed the sampled services may take to answer: far
+/// past either goal (2 s, 5 s from exec), short enough that a cell that never
+/// serves costs little.
+const SERVED_AFTER_PROGRAMMED: Duration = Duration::from_secs(10);
+
 /// Seconds from spawning the daemon to the whole state programmed, by the
 /// daemon's own clock of the apply's end; and to the last of `sampled`
 /// answering through the datapath, or why not.
@@ -493,7 +498,7 @@ fn full_sync(
     let probe = ServedProbe::start(bed, sampled, settings.sync_timeout);
     let programmed = programmed(bed, total, settings)? - spawned;
     let served = probe
-        .and_then(|p| p.last_answer(Duration::from_secs(30)))
+        .and_then(|p| p.last_answer(SERVED_AFTER_PROGRAMMED))
         .map(|at| at - spawned)
         .map_err(|e| format!("{e:#}"));
     Ok((programmed, served))
