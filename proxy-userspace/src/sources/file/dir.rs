@@ -236,7 +236,14 @@ pub struct ManifestDir {
 
 impl ManifestDir {
     /// Checks that the directory exists and holds at least one manifest.
+    /// A relative `dir` is made absolute first: directory events name
+    /// absolute paths, and a file they name is a manifest only when its
+    /// parent is this directory.
     pub fn open(dir: &Path) -> Result<Self, FileSourceError> {
+        let dir = &std::path::absolute(dir).map_err(|e| FileSourceError::Directory {
+            dir: dir.to_owned(),
+            reason: e.to_string(),
+        })?;
         let meta = std::fs::metadata(dir).map_err(|e| FileSourceError::Directory {
             dir: dir.to_owned(),
             reason: e.to_string(),

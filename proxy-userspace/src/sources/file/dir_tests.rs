@@ -180,6 +180,29 @@ fn rename_into_place_is_read_and_editor_files_are_not() {
 }
 
 #[test]
+fn a_relative_directory_reads_the_files_events_name_by_absolute_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("a.yaml"), SVC).unwrap();
+    // `--manifests` as typed in a shell: relative to the working directory.
+    let cwd = std::env::current_dir().unwrap();
+    let up = "../".repeat(cwd.components().count().saturating_sub(1));
+    let relative = PathBuf::from(format!("{up}{}", d.strip_prefix("/").unwrap().display()));
+    assert!(relative.is_relative());
+    let mut seen = Seen::open(&relative);
+    assert!(seen.rescan().is_empty());
+
+    // The source watches the absolute form of the directory, so the
+    // watcher names files by it.
+    let watched = std::path::absolute(&relative).unwrap();
+    std::fs::write(d.join(".a.yaml.tmp"), svc("other", "10.96.0.9")).unwrap();
+    std::fs::rename(d.join(".a.yaml.tmp"), d.join("a.yaml")).unwrap();
+    let u = seen.update(&[watched.join(".a.yaml.tmp"), watched.join("a.yaml")]);
+    assert_eq!(u.files_read, 1, "a file named by absolute path was skipped");
+    assert_eq!(seen.state, whole_read(d));
+}
+
+#[test]
 fn files_removed_with_their_directory_keep_their_objects() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("m");
