@@ -8,6 +8,7 @@
 //! hold any number of objects (the file size is capped by the file
 //! source), while each document stays bounded as a single one is.
 
+pub mod fast;
 mod json;
 
 pub use json::texts as json_texts;

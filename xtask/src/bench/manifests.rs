@@ -19,9 +19,9 @@ use serde_json::{json, Value};
 pub const NAMESPACE: &str = "bench";
 pub const PROBE_IP: &str = "10.96.0.5";
 pub const CHURN_ENDPOINTS: usize = 10;
-/// Services per manifest file (two documents each; the file source takes
-/// at most 1,024 documents per file).
-const SERVICES_PER_FILE: usize = 500;
+/// Services per manifest file (two documents each), as in the issue 37
+/// measurement: 50k services in 500 files.
+const SERVICES_PER_FILE: usize = 100;
 /// The service the last file of a rotation adds (see [`stage_rotated`]).
 pub const ROTATED: &str = "rotated";
 /// The file holding `probe` and `churn`: rewritten for each change.
@@ -258,14 +258,112 @@ pub fn driven(pods: &[String], generation: usize) -> Vec<Value> {
     ]
 }
 
-fn documents(objects: &[Value]) -> String {
+/// How the manifest files are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Format {
+    /// As `kubectl get -o yaml` writes them: block style, keys sorted,
+    /// strings quoted only where YAML would read something else, lists of
+    /// scalars (addresses, cluster IPs) as flow lists.
+    #[default]
+    Yaml,
+    /// One JSON object per document (the file source's fast path).
+    Json,
+}
+
+/// The objects as one multi-document file in `format`.
+pub fn documents_as(objects: &[Value], format: Format) -> String {
     let mut text = String::new();
     for o in objects {
         text.push_str("---\n");
-        text.push_str(&o.to_string());
-        text.push('\n');
+        match format {
+            Format::Json => {
+                text.push_str(&o.to_string());
+                text.push('\n');
+            }
+            Format::Yaml => yaml_block(&mut text, o, 0),
+        }
     }
     text
+}
+
+fn documents(objects: &[Value]) -> String {
+    documents_as(objects, Format::default())
+}
+
+/// The entries of the mapping `map` at `indent`, each on its own line.
+fn yaml_block(out: &mut String, map: &Value, indent: usize) {
+    let Value::Object(map) = map else {
+        unreachable!("documents and nested objects are mappings")
+    };
+    for (i, (key, value)) in map.iter().enumerate() {
+        // The first entry of a mapping in a sequence follows its `- `.
+        if i > 0 || !out.ends_with("- ") {
+            push_indent(out, indent);
+        }
+        out.push_str(&yaml_scalar_text(key));
+        out.push(':');
+        yaml_value(out, value, indent);
+    }
+}
+
+/// A mapping's value after its `key:` at `indent`.
+fn yaml_value(out: &mut String, value: &Value, indent: usize) {
+    match value {
+        Value::Object(m) if m.is_empty() => out.push_str(" {}\n"),
+        Value::Object(_) => {
+            out.push('\n');
+            yaml_block(out, value, indent + 2);
+        }
+        Value::Array(items) if items.iter().all(|v| !v.is_object() && !v.is_array()) => {
+            let items: Vec<String> = items.iter().map(yaml_scalar).collect();
+            out.push_str(&format!(" [{}]\n", items.join(", ")));
+        }
+        Value::Array(items) => {
+            out.push('\n');
+            // kubectl writes a sequence at its key's indentation.
+            for item in items {
+                push_indent(out, indent);
+                out.push_str("- ");
+                yaml_block(out, item, indent + 2);
+            }
+        }
+        scalar => {
+            out.push(' ');
+            out.push_str(&yaml_scalar(scalar));
+            out.push('\n');
+        }
+    }
+}
+
+fn push_indent(out: &mut String, indent: usize) {
+    out.extend(std::iter::repeat_n(' ', indent));
+}
+
+fn yaml_scalar(v: &Value) -> String {
+    match v {
+        Value::String(s) => yaml_scalar_text(s),
+        other => other.to_string(),
+    }
+}
+
+/// `s` plain when YAML reads it back as this string, else double-quoted
+/// (timestamps, numbers, booleans, anything with punctuation).
+fn yaml_scalar_text(s: &str) -> String {
+    let plain = s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '/'))
+        && s.parse::<f64>().is_err()
+        // 0x1f, 0o17, 1_000: numbers to some YAML readers.
+        && (!s.starts_with(|c: char| c.is_ascii_digit()) || s.contains(['-', '.']))
+        && !matches!(
+            s.to_ascii_lowercase().as_str(),
+            "true" | "false" | "null" | "yes" | "no" | "on" | "off" | "y" | "n"
+        );
+    if plain {
+        s.to_owned()
+    } else {
+        Value::String(s.to_owned()).to_string()
+    }
 }
 
 /// The generated services' files: (name, first service, end).
@@ -278,12 +376,21 @@ fn service_files(scale: Scale) -> impl Iterator<Item = (String, usize, usize)> {
         })
 }
 
-/// Writes the whole cluster into `dir` (the file source's directory).
+/// Writes the whole cluster into `dir` (the file source's directory), as
+/// kubectl-style YAML.
 pub fn write_files(dir: &Path, scale: Scale, pods: &[String]) -> Result<()> {
+    write_files_as(dir, scale, pods, Format::default())
+}
+
+/// [`write_files`] in `format`.
+pub fn write_files_as(dir: &Path, scale: Scale, pods: &[String], format: Format) -> Result<()> {
     for (name, from, to) in service_files(scale) {
         let path = dir.join(name);
-        std::fs::write(&path, documents(&generated(scale, from, to, false)))
-            .with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(
+            &path,
+            documents_as(&generated(scale, from, to, false), format),
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
     }
     write_driven(dir, pods, 0)
 }
@@ -348,6 +455,34 @@ mod tests {
         assert_eq!(s.label(), "50k/250k");
         assert!(parse_scale("10k").is_err());
         assert!(parse_scale("10/5").is_err());
+    }
+
+    #[test]
+    fn yaml_is_written_as_kubectl_writes_it() {
+        let scale = parse_scale("1/2").unwrap();
+        let text = documents_as(&generated(scale, 0, 1, false), Format::Yaml);
+        for part in [
+            "---\napiVersion: v1\nkind: Service\nmetadata:\n  creationTimestamp: \"2026-11-01T00:00:00Z\"\n",
+            "  clusterIPs: [10.96.1.0]\n",
+            "  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n    targetPort: 8080\n",
+            "status:\n  loadBalancer: {}\n---\naddressType: IPv4\n",
+            "endpoints:\n- addresses: [10.128.0.0]\n  conditions:\n    ready: true\n",
+            "  generation: 1\n",
+            "    kubernetes.io/service-name: svc-0\n",
+        ] {
+            assert!(text.contains(part), "{part:?} not in\n{text}");
+        }
+        for (s, written) in [
+            ("0x1f", "\"0x1f\""),
+            ("1e3", "\"1e3\""),
+            ("yes", "\"yes\""),
+            ("", "\"\""),
+            ("a b", "\"a b\""),
+            ("10.0.0.1", "10.0.0.1"),
+            ("6e789e6a-a1b9", "6e789e6a-a1b9"),
+        ] {
+            assert_eq!(yaml_scalar_text(s), written);
+        }
     }
 
     #[test]

@@ -64,6 +64,12 @@ pub fn parse_manifest(file: &Path, content: &str) -> Result<Vec<Object>, Vec<Man
     if let Some(objects) = parse_json_objects(content) {
         return Ok(objects);
     }
+    let is_json = file.extension().is_some_and(|e| e == "json");
+    if !is_json {
+        if let Some(objects) = super::fast_yaml::parse_yaml_objects(file, content) {
+            return Ok(objects);
+        }
+    }
     let documents = split_documents(file, content).map_err(|e| vec![e])?;
     let mut objects = Vec::new();
     let mut errors = Vec::new();

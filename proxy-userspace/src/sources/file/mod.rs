@@ -13,6 +13,7 @@
 //! whose stat changed, for file systems without inotify events.
 
 mod dir;
+mod fast_yaml;
 mod manifest;
 
 use std::collections::BTreeMap;
