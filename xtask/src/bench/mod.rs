@@ -33,9 +33,6 @@ mod report;
 mod scale;
 // The manifest read rate (issue 37 item 1): `--only yaml`, and rows the
 // scale table may call.
-mod yaml_rate;
-// The manifest read rate (issue 37 item 1): `--only yaml`, and rows the
-// scale table may call.
 mod sync_load;
 mod yaml_rate;
 
@@ -161,13 +158,6 @@ pub fn bench(root: &Path, args: &[String]) -> Result<()> {
     if all || only == Some("kube-wire") {
         let largest = o.scales.iter().max_by_key(|s| s.services);
         kube_wire::bench(root, *largest.context("no scale")?)?;
-        if only.is_some() {
-            return Ok(());
-        }
-    }
-    if all || only == Some("yaml") {
-        let largest = o.scales.iter().max_by_key(|s| s.services);
-        yaml_rate::bench(root, *largest.context("no scale")?)?;
         if only.is_some() {
             return Ok(());
         }
