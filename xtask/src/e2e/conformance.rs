@@ -32,13 +32,7 @@ pub const MODES: &[&str] = &["ebpf", "nftables"];
 /// Upstream tests whose scenario fails today, on the given datapaths, and
 /// the issue item whose fix makes it pass. The lead trims this list as the
 /// fixes land: a listed scenario that passes fails the run (XPASS).
-pub const KNOWN_FAILING: &[(&str, &[&str], &str)] = &[
-    (
-        "[sig-network] Networking Granular Checks: Services should be able to handle large requests: udp",
-        &["ebpf"],
-        "issue 34 item 3",
-    ),
-];
+pub const KNOWN_FAILING: &[(&str, &[&str], &str)] = &[];
 
 /// One upstream test as a scenario of the bed.
 pub struct Case {
