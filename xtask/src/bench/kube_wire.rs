@@ -24,7 +24,6 @@ use serde_json::Value;
 use test_support::fake_apiserver::FakeApiServer;
 
 use super::manifests::{self, Scale};
-use crate::{cargo, run};
 
 /// Issue 37: protobuf at most half of JSON, bytes and CPU alike.
 pub const GOAL_RATIO: f64 = 0.5;
@@ -70,20 +69,7 @@ impl Wire {
 /// Builds the decoder in release and copies it into `dir`, out of the
 /// shared target directory another build may rewrite meanwhile.
 pub fn build_decoder(root: &Path, dir: &Path) -> Result<PathBuf> {
-    // proxy-userspace embeds the eBPF object.
-    crate::ebpf::build(root, true)?;
-    run(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "proxy-userspace",
-        "--example",
-        "kube_wire",
-    ]))?;
-    let built = crate::paths::target_dir(root).join("release/examples/kube_wire");
-    let decoder = dir.join("kube_wire");
-    std::fs::copy(&built, &decoder).with_context(|| format!("copying {}", built.display()))?;
-    Ok(decoder)
+    super::release_example(root, dir, "kube_wire")
 }
 
 /// The bench cluster at `scale` on a fake API server; its lists fetched

@@ -509,3 +509,25 @@ fn write_results(
     std::fs::write(out_dir.join("results.md"), md).context("writing results.md")?;
     Ok(path)
 }
+
+/// Builds proxy-userspace's example `name` in release and copies it into
+/// `dir`, out of the shared target directory another build may rewrite
+/// meanwhile (the kube-wire decoder, the manifest reader).
+fn release_example(root: &Path, dir: &Path, name: &str) -> Result<PathBuf> {
+    // proxy-userspace embeds the eBPF object.
+    ebpf::build(root, true)?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "proxy-userspace",
+        "--example",
+        name,
+    ]))?;
+    let built = crate::paths::target_dir(root)
+        .join("release/examples")
+        .join(name);
+    let copy = dir.join(name);
+    std::fs::copy(&built, &copy).with_context(|| format!("copying {}", built.display()))?;
+    Ok(copy)
+}

@@ -18,7 +18,6 @@ use anyhow::{ensure, Context, Result};
 use serde_json::Value;
 
 use super::manifests::{self, Format, Scale};
-use crate::{cargo, run};
 
 /// Issue 37: 79 MB of kubectl-style YAML in at most 1.6 s.
 pub const GOAL_MB_S: f64 = 50.0;
@@ -57,20 +56,7 @@ impl Rate {
 /// Builds the reader in release and copies it into `dir`, out of the
 /// shared target directory another build may rewrite meanwhile.
 pub fn build_reader(root: &Path, dir: &Path) -> Result<PathBuf> {
-    // proxy-userspace embeds the eBPF object.
-    crate::ebpf::build(root, true)?;
-    run(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "proxy-userspace",
-        "--example",
-        "read_manifests",
-    ]))?;
-    let built = crate::paths::target_dir(root).join("release/examples/read_manifests");
-    let reader = dir.join("read_manifests");
-    std::fs::copy(&built, &reader).with_context(|| format!("copying {}", built.display()))?;
-    Ok(reader)
+    super::release_example(root, dir, "read_manifests")
 }
 
 /// `scale` written as YAML, then as JSON, under `dir`, each read [`RUNS`]
