@@ -27,21 +27,6 @@ mod scale;
 
 const SERVER_PORT: u16 = 9090;
 
-const SERVER: &str = r#"
-import socket, sys
-t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-t.bind(("0.0.0.0", int(sys.argv[1]))); t.listen(512)
-print("ready", flush=True)
-while True:
-    c, _ = t.accept()
-    try:
-        c.recv(100)
-        c.sendall(b"ok:" + c.getsockname()[0].encode())
-    except OSError:
-        pass
-    c.close()
-"#;
-
 /// argv: CGROUP_DIR HOST N. N connections to HOST:80 from the cgroup; one
 /// JSON list of the replies (or errors).
 const CLIENT: &str = r#"
@@ -74,7 +59,11 @@ fn a_service_with_100k_endpoints_answers_from_slots_past_65535() {
         return;
     };
     env.add_ns(NS);
-    env.serve(NS, SERVER, &[&SERVER_PORT.to_string()]);
+    env.serve(
+        NS,
+        common::kernel::ADDR_ECHO_SERVER,
+        &[&SERVER_PORT.to_string()],
+    );
     let config = env.config(generation::DEFAULT_MAP_SIZE, &["0.0.0.0/32"]);
 
     // 1,000 small services next to one of 100,000 endpoints.

@@ -27,21 +27,6 @@ mod scale;
 
 const SERVER_PORT: u16 = 9090;
 
-const SERVER: &str = r#"
-import socket, sys
-t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-t.bind(("0.0.0.0", int(sys.argv[1]))); t.listen(512)
-print("ready", flush=True)
-while True:
-    c, _ = t.accept()
-    try:
-        c.recv(100)
-        c.sendall(b"ok:" + c.getsockname()[0].encode())
-    except OSError:
-        pass
-    c.close()
-"#;
-
 /// argv: CGROUP_DIR HOST PORT STOP_FILE. Connects in a loop until
 /// STOP_FILE exists; prints "first" after the first answer, then one JSON
 /// line with the counts.
@@ -78,7 +63,11 @@ const NS: &str = "ns";
 fn env(tag: &str) -> Option<Env> {
     let mut env = Env::new("ebpf_capacity", &format!("cap-{tag}"))?;
     env.add_ns(NS);
-    env.serve(NS, SERVER, &[&SERVER_PORT.to_string()]);
+    env.serve(
+        NS,
+        common::kernel::ADDR_ECHO_SERVER,
+        &[&SERVER_PORT.to_string()],
+    );
     Some(env)
 }
 

@@ -13,6 +13,24 @@ use ebpf_kube_proxy::datapath::ebpf::{self, loader, EbpfConfig};
 use serde_json::Value;
 use test_support::netns::Netns;
 
+/// argv: PORT. A TCP server for [`Env::serve`] that answers each
+/// connection's first bytes with `ok:` and the address it was reached on,
+/// so a test sees which backend address answered.
+pub const ADDR_ECHO_SERVER: &str = r#"
+import socket, sys
+t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+t.bind(("0.0.0.0", int(sys.argv[1]))); t.listen(512)
+print("ready", flush=True)
+while True:
+    c, _ = t.accept()
+    try:
+        c.recv(100)
+        c.sendall(b"ok:" + c.getsockname()[0].encode())
+    except OSError:
+        pass
+    c.close()
+"#;
+
 /// Echo server on 127.0.0.1 and ::1 (TCP and UDP). argv: NAME PORT;
 /// prints "ready" once listening, answers "NAME:DATA".
 pub const LOOPBACK_ECHO: &str = r#"
