@@ -1,12 +1,24 @@
-//! UDP conntrack cleanup after a sync. UDP has no connection end, so a
+//! Conntrack cleanup after a sync. UDP has no connection end, so a
 //! client that keeps its source port keeps its conntrack entry, and with it
 //! the DNAT to an endpoint that is gone, or a flow that was never NATed
 //! because the service had no endpoints then. kube-proxy deletes those
 //! entries; so does this, over ctnetlink ([`ct`]).
 //!
+//! A full sync (start-up, or the repair of a table flushed or deleted by
+//! hand) also deletes the TCP and SCTP entries to a service address that
+//! were never NATed: a connect from the node while the table was missing,
+//! or while the repairing transaction is being applied (conntrack already
+//! tracks it, its NAT rules are not live yet), leaves one, in SYN_SENT
+//! for 120 s with a null NAT binding, and a later connect that gets the
+//! same source port is a retransmission to conntrack, so it is not NATed
+//! either and leaves by the node's default route (the
+//! `drift-flushed-or-deleted-nft-table-repaired` flake). A service
+//! address is nobody's own address, so such an entry never carries a
+//! connection; TCP entries that were NATed stay, as in kube-proxy.
+//!
 //! [`plan`] and [`plan_startup`] are pure: states in, the deletions out;
-//! [`run`] lists the family's UDP entries once and deletes the matching
-//! ones.
+//! [`run`] lists the family's entries of each protocol once and deletes
+//! the matching ones.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -16,6 +28,8 @@ use super::nlsock::{NFPROTO_IPV4, NFPROTO_IPV6};
 use crate::model::{LocalState, Protocol, ServiceEndpoints};
 
 const UDP: u8 = 17;
+const TCP: u8 = 6;
+const SCTP: u8 = 132;
 
 /// Which entries to delete. An endpoint is its address and target port:
 /// a targetPort change keeps the pod and moves the port, and the flows
@@ -40,25 +54,37 @@ pub enum Flush {
         port: u16,
         endpoints: BTreeSet<SocketAddr>,
     },
+    /// Entries of protocol `proto` (TCP or SCTP) for `vip:port` that were
+    /// never NATed: their reply comes from `vip:port` itself.
+    Unnated { vip: IpAddr, port: u16, proto: u8 },
 }
 
 impl Flush {
     fn family_v4(&self) -> bool {
         match self {
-            Flush::Endpoint { vip, .. } | Flush::Service { vip, .. } | Flush::Stale { vip, .. } => {
-                vip.is_ipv4()
-            }
+            Flush::Endpoint { vip, .. }
+            | Flush::Service { vip, .. }
+            | Flush::Stale { vip, .. }
+            | Flush::Unnated { vip, .. } => vip.is_ipv4(),
             Flush::NodePortEndpoint { endpoint, .. } => endpoint.is_ipv4(),
         }
     }
 
-    /// Whether a conntrack entry is one this flush deletes: a UDP entry
-    /// to the frontend whose reply comes from the endpoint's address and
-    /// port.
+    /// The protocol of the entries this flush deletes.
+    fn proto(&self) -> u8 {
+        match self {
+            Flush::Unnated { proto, .. } => *proto,
+            _ => UDP,
+        }
+    }
+
+    /// Whether a conntrack entry is one this flush deletes: an entry of
+    /// its protocol to the frontend whose reply comes from the endpoint's
+    /// address and port (for [`Flush::Unnated`], from the frontend).
     pub fn matches(&self, e: &ct::Entry) -> bool {
         let to = |vip: &IpAddr, port: &u16| e.orig.dst == *vip && e.orig.dport == *port;
         let from = SocketAddr::new(e.reply.src, e.reply.sport);
-        e.orig.proto == UDP
+        e.orig.proto == self.proto()
             && match self {
                 Flush::Endpoint {
                     vip,
@@ -74,6 +100,9 @@ impl Flush {
                     port,
                     endpoints,
                 } => to(vip, port) && !endpoints.contains(&from),
+                Flush::Unnated { vip, port, .. } => {
+                    to(vip, port) && from == SocketAddr::new(*vip, *port)
+                }
             }
     }
 }
@@ -138,30 +167,42 @@ pub fn plan(old: Option<&ServiceEndpoints>, new: Option<&ServiceEndpoints>) -> V
     out.into_iter().collect()
 }
 
-/// The deletions a fresh start calls for: for every UDP service port
-/// with endpoints, the entries to its addresses that do not reach one of
-/// them (DNATed by an earlier ruleset, or never NATed).
+/// The deletions a full sync calls for: for every UDP service port with
+/// endpoints, the entries to its addresses that do not reach one of them
+/// (DNATed by an earlier ruleset, or never NATed); for every TCP and SCTP
+/// service port, the entries to its addresses that were never NATed (made
+/// while the table was missing or not yet committed).
 pub fn plan_startup(state: &LocalState) -> Vec<Flush> {
     let mut out = Vec::new();
     for se in &state.services {
         let svc = &se.service;
-        for pm in svc.ports.iter().filter(|p| p.protocol == Protocol::Udp) {
-            let endpoints = udp_endpoints(Some(se), &pm.name);
-            if endpoints.is_empty() {
-                continue;
-            }
-            for vip in svc
-                .cluster_ips
+        let vips = || {
+            svc.cluster_ips
                 .iter()
                 .chain(svc.external_ips.iter())
                 .chain(svc.load_balancer_ips.iter())
-            {
-                out.push(Flush::Stale {
-                    vip,
-                    port: pm.port,
-                    endpoints: endpoints.clone(),
-                });
-            }
+        };
+        for pm in &svc.ports {
+            let proto = match pm.protocol {
+                Protocol::Udp => {
+                    let endpoints = udp_endpoints(Some(se), &pm.name);
+                    if !endpoints.is_empty() {
+                        out.extend(vips().map(|vip| Flush::Stale {
+                            vip,
+                            port: pm.port,
+                            endpoints: endpoints.clone(),
+                        }));
+                    }
+                    continue;
+                }
+                Protocol::Tcp => TCP,
+                Protocol::Sctp => SCTP,
+            };
+            out.extend(vips().map(|vip| Flush::Unnated {
+                vip,
+                port: pm.port,
+                proto,
+            }));
         }
     }
     out
@@ -184,20 +225,28 @@ pub fn tcp_be_liberal() -> bool {
     }
 }
 
-/// Runs the deletions: one listing of each family's UDP entries, then the
-/// matching ones deleted. Failures are logged, never fatal: the rules are
-/// in place, a stale entry only lasts until the flow idles out.
+/// Runs the deletions: one listing of each family's entries of each
+/// protocol concerned, then the matching ones deleted. Failures are
+/// logged, never fatal: the rules are in place, a stale entry only lasts
+/// until the flow idles out.
 pub fn run(flushes: &[Flush]) {
-    for v4 in [true, false] {
-        let these: Vec<&Flush> = flushes.iter().filter(|f| f.family_v4() == v4).collect();
+    let protos: BTreeSet<u8> = flushes.iter().map(Flush::proto).collect();
+    for (v4, proto) in [true, false]
+        .into_iter()
+        .flat_map(|v4| protos.iter().map(move |p| (v4, *p)))
+    {
+        let these: Vec<&Flush> = flushes
+            .iter()
+            .filter(|f| f.family_v4() == v4 && f.proto() == proto)
+            .collect();
         if these.is_empty() {
             continue;
         }
         let family = if v4 { NFPROTO_IPV4 } else { NFPROTO_IPV6 };
-        let entries = match ct::list(family, UDP) {
+        let entries = match ct::list(family, proto) {
             Ok(e) => e,
             Err(e) => {
-                tracing::warn!(error = %e, "UDP conntrack cleanup skipped: listing conntrack entries failed");
+                tracing::warn!(error = %e, proto, "conntrack cleanup skipped: listing conntrack entries failed");
                 continue;
             }
         };
@@ -209,8 +258,8 @@ pub fn run(flushes: &[Flush]) {
             continue;
         }
         match ct::delete(family, &doomed) {
-            Ok(n) => tracing::debug!(deleted = n, "UDP conntrack entries deleted"),
-            Err(e) => tracing::warn!(error = %e, "UDP conntrack cleanup failed"),
+            Ok(n) => tracing::debug!(deleted = n, proto, "conntrack entries deleted"),
+            Err(e) => tracing::warn!(error = %e, proto, "conntrack cleanup failed"),
         }
     }
 }
@@ -677,7 +726,47 @@ mod tests {
     }
 
     #[test]
-    fn tcp_services_need_no_cleanup() {
+    fn a_full_sync_deletes_the_tcp_entries_to_a_service_that_were_never_natted() {
+        let se = web(vec![endpoint("10.244.1.11", true)], None);
+        let flushes = plan_startup(&LocalState::new([se]));
+        let vip: IpAddr = "10.96.0.10".parse().unwrap();
+        assert_eq!(
+            flushes,
+            [Flush::Unnated {
+                vip,
+                port: 80,
+                proto: TCP
+            }]
+        );
+        let entry = |reply_src: &str, reply_port: u16| ct::Entry {
+            orig: ct::Tuple {
+                src: "10.0.1.1".parse().unwrap(),
+                dst: vip,
+                proto: TCP,
+                sport: 41010,
+                dport: 80,
+            },
+            reply: ct::Tuple {
+                src: reply_src.parse().unwrap(),
+                dst: "10.0.1.1".parse().unwrap(),
+                proto: TCP,
+                sport: reply_port,
+                dport: 41010,
+            },
+            zone: None,
+        };
+        // A SYN sent while the table was missing: never NATed.
+        assert!(flushes[0].matches(&entry("10.96.0.10", 80)));
+        // NATed to an endpoint, current or not: kept, as kube-proxy does.
+        assert!(!flushes[0].matches(&entry("10.244.1.11", 8080)));
+        assert!(!flushes[0].matches(&entry("10.244.1.99", 8080)));
+        let mut udp = entry("10.96.0.10", 80);
+        udp.orig.proto = UDP;
+        assert!(!flushes[0].matches(&udp));
+    }
+
+    #[test]
+    fn tcp_services_need_no_cleanup_after_a_partial_sync() {
         let old = web(vec![endpoint("10.244.1.12", true)], None);
         assert!(plan(Some(&old), None).is_empty());
     }
