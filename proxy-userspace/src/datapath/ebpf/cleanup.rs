@@ -9,14 +9,16 @@ use std::path::Path;
 
 use super::generation;
 use super::loader::{absolute, mounts, MAPS};
-use super::pins::{remove_if_exists, LINKS_DIR};
-use super::{EbpfError, BPFFS_MOUNT};
+use super::pins::{remove_if_exists, KnownPins, LINKS_DIR};
+use super::{foreign, EbpfError, BPFFS_MOUNT};
 
 /// What [`cleanup`] removed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CleanupReport {
     pub links: Vec<String>,
     pub maps: Vec<String>,
+    /// Pins of other builds (`foreign.rs`), relative to the root.
+    pub foreign: Vec<String>,
     pub unmounted: bool,
 }
 
@@ -76,6 +78,8 @@ pub fn cleanup(bpffs_root: &Path) -> Result<CleanupReport, EbpfError> {
         }
         wait_links_released(&link_ids);
     }
+    // What another build left (a rollback): links detached, pins removed.
+    report.foreign = foreign::remove_unknown(&root, &KnownPins::of(super::OBJECT))?;
     remove_dir_if_exists(&links_dir)?;
     for (name, ..) in MAPS {
         if remove_if_exists(&root.join(name))? {

@@ -33,7 +33,7 @@ use proxy_common::{
 use super::external::{self, ExtMaps, NodeIface};
 use super::generation::{self, SIZED_MAPS};
 use super::maps::KernelMaps;
-use super::pins::{classify, load_error, pin_replacing, remove_if_exists, LINKS_DIR};
+use super::pins::{classify, load_error, pin_replacing, remove_if_exists, KnownPins, LINKS_DIR};
 use super::sockdestroy::PreparedObject;
 use super::{chain, EbpfConfig, EbpfError, BPFFS_MOUNT};
 
@@ -441,6 +441,12 @@ pub fn load_and_attach(
         }
     }
     let (maps, ext, ebpf, replaced, sock_destroy) = result?;
+    // Only now, with this build's programs attached (no gap): what another
+    // build pinned and this one does not make goes (a rollback meets the
+    // newer build's pins). Not fatal: the datapath serves either way.
+    if let Err(e) = super::foreign::remove_unknown(&root, &KnownPins::of(object)) {
+        tracing::warn!(error = %e, "could not remove another build's pins");
+    }
     if let Some((from, to)) = prepared.replacing {
         tracing::info!(
             from,

@@ -32,6 +32,7 @@ pub mod desired;
 pub mod drift;
 pub mod dump;
 pub mod external;
+pub mod foreign;
 pub mod generation;
 pub mod lb_source;
 pub mod linkstate;
@@ -427,7 +428,7 @@ impl Datapath for EbpfDatapath {
     fn cleanup(config: &DatapathConfig) -> Result<Vec<String>, DatapathError> {
         let root = &config.bpffs_root;
         let report = loader::cleanup(root)?;
-        Ok(vec![if report.links.is_empty() && report.maps.is_empty() {
+        let mut lines = vec![if report.links.is_empty() && report.maps.is_empty() {
             format!("{}: no eBPF links or maps pinned", root.display())
         } else {
             format!(
@@ -436,7 +437,15 @@ impl Datapath for EbpfDatapath {
                 report.links.join(" "),
                 report.maps.join(" ")
             )
-        }])
+        }];
+        if !report.foreign.is_empty() {
+            lines.push(format!(
+                "{}: removed pins of another build [{}]",
+                root.display(),
+                report.foreign.join(" ")
+            ));
+        }
+        Ok(lines)
     }
 
     fn verify(&mut self, _: &LocalState, _: &Claims) -> Result<Vec<Drift>, DatapathError> {

@@ -3,9 +3,16 @@
 //! over an earlier one, removing a pin, and turning a kernel error into
 //! the error the operator is shown (EPERM is missing capabilities, a
 //! verifier refusal carries its log).
+//!
+//! And [`KnownPins`], the one list of what this build pins under
+//! `--bpffs-root`. **Every new pin must be listed there**: at each start
+//! the daemon removes every other pin under its root as another build's
+//! (`foreign.rs`), so a pin this build makes but does not list would be
+//! removed at the next start.
 
+use std::collections::BTreeSet;
 use std::io;
-use std::path::Path;
+use std::path::{Component, Path};
 
 use aya::programs::links::FdLink;
 use aya::programs::ProgramError;
@@ -14,6 +21,92 @@ use super::{chain, EbpfError};
 
 /// Under `--bpffs-root`: one pinned link per attached program.
 pub const LINKS_DIR: &str = "links";
+
+/// The names this build pins under `--bpffs-root` (paths relative to it):
+///
+/// * at the top, the maps: those of [`super::loader::MAPS`] and every map
+///   the eBPF object pins by name (a map added to proxy-ebpf with
+///   `pinned(..)` is known without an edit here; it still belongs in
+///   `MAPS`, which checks its layout, and a unit test says so), plus
+///   `<map>_next` of [`super::generation::SIZED_MAPS`] (a generation being
+///   built);
+/// * `links/`, one link per attached program: a program's name (the socket
+///   hooks, `ekp_lb_source_egress`, any program of the object) or
+///   `<tc program>_if<ifindex>`, and either with `_new` (a link about to
+///   be renamed over its predecessor, [`pin_replacing`]).
+///
+/// A pin of another shape (a new directory, a link named otherwise) must
+/// be added to [`KnownPins::contains`].
+#[derive(Clone, Debug, Default)]
+pub struct KnownPins {
+    maps: BTreeSet<String>,
+    programs: BTreeSet<String>,
+}
+
+impl KnownPins {
+    /// The pins of the build that carries `object` (empty: the lists of
+    /// this source tree alone).
+    pub fn of(object: &[u8]) -> KnownPins {
+        let mut known = KnownPins::default();
+        known
+            .maps
+            .extend(super::loader::MAPS.iter().map(|(n, ..)| (*n).to_owned()));
+        known.maps.extend(
+            super::generation::SIZED_MAPS
+                .iter()
+                .map(|n| format!("{n}_next")),
+        );
+        known
+            .programs
+            .extend(super::loader::PROGRAMS.iter().map(|p| (*p).to_owned()));
+        known.programs.extend(
+            super::external::TC_PROGRAMS
+                .iter()
+                .map(|(p, _)| (*p).to_owned()),
+        );
+        known.programs.insert(super::lb_source::PROGRAM.to_owned());
+        if let Ok(obj) = aya_obj::Object::parse(object) {
+            known.maps.extend(
+                obj.maps
+                    .iter()
+                    .filter(|(_, m)| m.pinning() == aya_obj::maps::PinningType::ByName)
+                    .map(|(n, _)| n.clone()),
+            );
+            known.programs.extend(obj.programs.keys().cloned());
+        }
+        known
+    }
+
+    /// Whether `rel` (a path below the root) is a pin or directory of
+    /// this build.
+    pub fn contains(&self, rel: &Path) -> bool {
+        let parts: Vec<&str> = rel
+            .components()
+            .map(|c| match c {
+                Component::Normal(n) => n.to_str().unwrap_or("/"),
+                _ => "/",
+            })
+            .collect();
+        match parts.as_slice() {
+            [name] => *name == LINKS_DIR || self.maps.contains(*name),
+            [dir, name] if *dir == LINKS_DIR => self.is_link(name),
+            _ => false,
+        }
+    }
+
+    fn is_link(&self, name: &str) -> bool {
+        let name = name.strip_suffix("_new").unwrap_or(name);
+        if self.programs.contains(name) {
+            return true;
+        }
+        // `<tc program>_if<ifindex>`, external.rs's pin names.
+        name.rsplit_once("_if").is_some_and(|(program, ifindex)| {
+            self.programs.contains(program)
+                && !ifindex.is_empty()
+                && ifindex.bytes().all(|b| b.is_ascii_digit())
+        })
+    }
+}
 
 /// An errno anywhere in an error's source chain.
 pub fn errno_in(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
