@@ -261,6 +261,12 @@ fn log_lost(loser: &ObjectKey, frontend: &str, owner: &ObjectKey) {
 /// last one took (see `Coordinator::check_interval`).
 const CHECK_TIME_SHARE: u32 = 100;
 
+/// Time to the next periodic drift check after one that took `took`: at
+/// least `sync_period`, else [`CHECK_TIME_SHARE`] times the check's cost.
+fn check_interval(sync_period: Duration, took: Duration) -> Duration {
+    sync_period.max(took.saturating_mul(CHECK_TIME_SHARE))
+}
+
 /// When to retry after `failures` consecutive failed applies.
 pub fn retry_delay(sync_period: Duration, failures: u32) -> Duration {
     let factor = 1u32 << failures.saturating_sub(1).min(4);
@@ -490,7 +496,7 @@ impl Coordinator {
     /// endpoints read back from the kernel), so that checking stays under
     /// 1 % of the time (of a core) while nothing else happens.
     fn check_interval(&self, took: Duration) -> Duration {
-        self.sync_period.max(took * CHECK_TIME_SHARE)
+        check_interval(self.sync_period, took)
     }
 
     /// Logs a check's verdict; drift is counted and repaired by a full
@@ -523,9 +529,11 @@ impl Coordinator {
                 if let Some(m) = &self.drift_metrics {
                     m.count(&drifts);
                 }
-                self.applier.drift_found();
-                if let Some(latest) = latest {
-                    self.apply(latest);
+                if crate::datapath::drift::needs_full_sync(&drifts) {
+                    self.applier.drift_found();
+                    if let Some(latest) = latest {
+                        self.apply(latest);
+                    }
                 }
             }
             Err(e) => tracing::warn!(

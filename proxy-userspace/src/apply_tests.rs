@@ -153,3 +153,32 @@ fn retries_back_off_from_one_sync_period_to_sixteen() {
     let delays: Vec<u64> = (1..=7).map(|n| retry_delay(p, n).as_secs()).collect();
     assert_eq!(delays, [30, 60, 120, 240, 480, 480, 480]);
 }
+
+#[test]
+fn periodic_drift_checks_are_spaced_by_the_cost_of_the_last_one() {
+    let period = Duration::from_secs(30);
+    let ms = Duration::from_millis;
+    // A cheap check (or none measured): one sync period, never less.
+    assert_eq!(check_interval(period, Duration::ZERO), period);
+    assert_eq!(check_interval(period, ms(5)), period);
+    // Up to a hundredth of the period, still the period.
+    assert_eq!(check_interval(period, ms(300)), period);
+    // Beyond: 100 times what the check took, following its cost.
+    assert_eq!(check_interval(period, ms(301)), ms(30_100));
+    assert_eq!(
+        check_interval(period, Duration::from_secs(3)),
+        Duration::from_secs(300)
+    );
+    assert!(check_interval(period, ms(2_000)) < check_interval(period, ms(2_001)));
+    // A shorter sync period shortens only cheap checks' spacing.
+    assert_eq!(
+        check_interval(Duration::from_secs(1), ms(5)),
+        Duration::from_secs(1)
+    );
+    assert_eq!(
+        check_interval(Duration::from_secs(1), Duration::from_secs(3)),
+        Duration::from_secs(300)
+    );
+    // An absurd duration saturates instead of overflowing.
+    assert_eq!(check_interval(period, Duration::MAX), Duration::MAX);
+}

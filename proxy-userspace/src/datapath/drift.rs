@@ -75,6 +75,9 @@ pub struct Drift {
     pub service: Option<String>,
     pub expected: String,
     pub found: String,
+    /// The check removed it already (a stale entry of a map the programs
+    /// write): counted and logged, no full sync needed.
+    pub repaired: bool,
 }
 
 impl Drift {
@@ -92,7 +95,14 @@ impl Drift {
             service: None,
             expected: expected.into(),
             found: found.into(),
+            repaired: false,
         }
+    }
+
+    /// Marks it as removed by the check itself.
+    pub fn repaired(mut self) -> Drift {
+        self.repaired = true;
+        self
     }
 
     pub fn for_service(mut self, service: Option<String>) -> Drift {
@@ -158,6 +168,7 @@ pub fn log(drifts: &[Drift], mode: super::ProxyMode) {
             service = %d.service.as_deref().unwrap_or("-"),
             expected = %d.expected,
             found = %d.found,
+            repaired = d.repaired,
             "datapath drift: the kernel differs from what was programmed"
         );
     }
@@ -165,13 +176,29 @@ pub fn log(drifts: &[Drift], mode: super::ProxyMode) {
         .into_iter()
         .map(|(k, n)| format!("{k}={n}"))
         .collect();
-    tracing::warn!(
-        %mode,
-        differences = drifts.len(),
-        not_logged = drifts.len().saturating_sub(MAX_LOGGED),
-        by_kind = %by_kind.join(","),
-        "datapath drift found; repairing with a full sync"
-    );
+    if needs_full_sync(drifts) {
+        tracing::warn!(
+            %mode,
+            differences = drifts.len(),
+            not_logged = drifts.len().saturating_sub(MAX_LOGGED),
+            by_kind = %by_kind.join(","),
+            "datapath drift found; repairing with a full sync"
+        );
+    } else {
+        tracing::warn!(
+            %mode,
+            differences = drifts.len(),
+            not_logged = drifts.len().saturating_sub(MAX_LOGGED),
+            by_kind = %by_kind.join(","),
+            "datapath drift found: stale entries, removed by the check"
+        );
+    }
+}
+
+/// Whether any difference waits for a full sync (one the check did not
+/// remove itself).
+pub fn needs_full_sync(drifts: &[Drift]) -> bool {
+    drifts.iter().any(|d| !d.repaired)
 }
 
 #[cfg(test)]

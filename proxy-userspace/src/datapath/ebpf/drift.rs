@@ -29,6 +29,8 @@ use crate::datapath::drift::{Drift, DriftKind, ABSENT};
 use crate::model::claims::Claims;
 use crate::model::LocalState;
 
+pub mod stale;
+
 /// A link pin per program under `root`; one difference per missing one.
 pub fn missing_links(root: &Path) -> Vec<Drift> {
     PROGRAMS
@@ -147,7 +149,18 @@ impl OffPath {
                 .get(vip)
                 .cloned()
         };
-        let (drifts, mut found) = check(&self.root, &self.ifaces, &maps, &self.view, &owner)?;
+        let (mut drifts, mut found) = check(&self.root, &self.ifaces, &maps, &self.view, &owner)?;
+        // Stale entries of the maps the programs write, deleted only while
+        // no apply has written the view since the check took it (an apply
+        // writes a copy of a view a check holds: this one is then the
+        // only holder).
+        let wanted = || desired::desired_state(programmed, claims, &self.node_ips);
+        let live = stale::Live::new(&self.view, &wanted, &owner);
+        let view = &self.view;
+        drifts.extend(stale::sweep(&self.root, &live, &|| {
+            Arc::strong_count(view) > 1
+        })?);
+        drop(live);
         // Let go of the view before the verdict: an apply then writes it
         // in place again.
         drop(self.view);
@@ -388,6 +401,7 @@ mod tests {
                 service: Some("default/web".into()),
                 expected: "header count=2 flags=0x0 affinity_timeout=0 service_id=1".into(),
                 found: "absent".into(),
+                repaired: false,
             }]
         );
     }

@@ -4,10 +4,14 @@
 //! datapath programmed.
 //!
 //! Rules are compared by count, not by content (a flushed chain, a
-//! deleted or an added rule all change the count), and only in the chains
-//! every table has ([`counted_chains`]): dumping every rule of a table at
-//! 10,000 services takes the kernel seconds. Service chains are checked
-//! for being there. The elements of affinity sets are the kernel's own
+//! deleted or an added rule all change the count), in every chain, from
+//! the chain dump alone: the kernel reports each chain's use count
+//! (`NFTA_CHAIN_USE`: its rules plus the jumps and gotos to it from rules
+//! and verdict map elements), and what was programmed says what each
+//! should be ([`Uses`]). Only a chain whose use count differs has its
+//! rules dumped and counted, to tell a rule added or removed from a
+//! reference: dumping every rule of a table at 10,000 services takes the
+//! kernel seconds. The elements of affinity sets are the kernel's own
 //! (the rules add them), so only the sets themselves are compared.
 //!
 //! What was programmed is built again from the state last applied, one
@@ -24,7 +28,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::batch::{self, Family, NFT_GOTO, NFT_JUMP, NFT_RETURN, NF_ACCEPT, NF_DROP};
-use super::expr::{key_bytes, key_text, KeyPart};
+use super::expr::{key_bytes, key_text, KeyPart, Rule, Stmt, Verdict};
 use super::nlsock::{attr_str, attrs, Attrs, Socket};
 use super::rules::{self, ElementValue, TABLE};
 use super::{has_table, NftDatapath, NftError};
@@ -33,7 +37,13 @@ use crate::model::claims::Claims;
 use crate::model::LocalState;
 
 // enum nf_tables_msg_types
+const GETCHAIN: u16 = 4;
 const GETRULE: u16 = 7;
+const GETSET: u16 = 10;
+// enum nft_chain_attributes
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_CHAIN_USE: u16 = 6;
 const GETSETELEM: u16 = 13;
 
 /// An element's data.
@@ -54,9 +64,12 @@ pub type ElementKey = (&'static str, Vec<u8>);
 /// What one family's table holds, as far as the check compares it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TableContents {
-    /// Chain name → number of rules, where counted (see
-    /// [`counted_chains`]).
+    /// Chain name → number of rules, where counted (every chain on the
+    /// programmed side; on the kernel's, the chains whose use count
+    /// differs, see [`count_rules`]).
     pub chains: HashMap<String, Option<usize>>,
+    /// Chain name → use count (`NFTA_CHAIN_USE`): rules plus references.
+    pub uses: Uses,
     /// Set or map name → timeout in milliseconds (0: none).
     pub sets: HashMap<String, u64>,
     /// The elements of the sets of [`rules::BASE_SETS`].
@@ -71,17 +84,38 @@ pub struct Expected {
     pub owners: HashMap<ElementKey, String>,
 }
 
-/// The chains whose rules are counted: the hooked and helper chains every
-/// table has (a flushed table, a flushed or edited base chain). A service
-/// chain is checked for being there, not for its rules: counting those
-/// means dumping every rule of the table, about 90,000 at 10,000 services
-/// and 100,000 endpoints, which takes the kernel seconds.
-pub fn counted_chains() -> impl Iterator<Item = &'static str> {
+/// Chain name → use count: the kernel's `NFTA_CHAIN_USE`, which counts a
+/// chain's rules and every jump or goto to it (from a rule or a verdict
+/// map element).
+pub type Uses = HashMap<String, u32>;
+
+/// The chains every table has: the hooked and helper chains.
+pub fn table_chains() -> impl Iterator<Item = &'static str> {
     rules::BASE_CHAINS
         .iter()
         .map(|c| c.0)
         .chain(rules::HELPER_CHAINS)
         .chain([rules::INFO_CHAIN])
+}
+
+/// Adds a reference to the chain a jump or goto names.
+fn refer(uses: &mut Uses, v: &Verdict) {
+    if let Verdict::Jump(c) | Verdict::Goto(c) = v {
+        *uses.entry(c.clone()).or_default() += 1;
+    }
+}
+
+/// Adds `rule` to `chain`'s use count and its jumps to their targets'.
+fn count_rule(c: &mut TableContents, chain: &str, rule: &Rule) {
+    if let Some(n) = c.chains.entry(chain.to_owned()).or_insert(Some(0)) {
+        *n += 1;
+    }
+    *c.uses.entry(chain.to_owned()).or_default() += 1;
+    for stmt in &rule.stmts {
+        if let Stmt::Verdict(v) = stmt {
+            refer(&mut c.uses, v);
+        }
+    }
 }
 
 /// The elements of one set, summed up: how many, and the wrapping sum of
@@ -139,15 +173,14 @@ pub fn expected(
     detail: &BTreeSet<&str>,
 ) -> (Expected, Digests) {
     let mut c = TableContents::default();
-    for name in counted_chains() {
+    for name in table_chains() {
         c.chains.insert(name.to_owned(), Some(0));
+        c.uses.insert(name.to_owned(), 0);
     }
     let counts = dp.pick_counts.get(&f).cloned().unwrap_or_default();
     let base = rules::base_rules(f, &dp.nodeport_addresses, dp.drop_invalid);
-    for (chain, _) in base.into_iter().chain(rules::pick_rules(&counts)) {
-        if let Some(n) = c.chains.entry(chain.to_owned()).or_insert(Some(0)) {
-            *n += 1;
-        }
+    for (chain, rule) in base.into_iter().chain(rules::pick_rules(&counts)) {
+        count_rule(&mut c, chain, &rule);
     }
     c.sets = rules::BASE_SETS
         .iter()
@@ -163,13 +196,20 @@ pub fn expected(
         dp.programmed_slots(&se.service.key, f, &mut objs);
         let slot_elements: Vec<_> = objs.slots.iter().flat_map(|l| l.elements()).collect();
         objs.elements.extend(slot_elements);
-        for name in objs.chains.into_keys() {
-            c.chains.insert(name, None);
+        for (name, rules) in objs.chains {
+            c.chains.insert(name.clone(), Some(0));
+            c.uses.entry(name.clone()).or_default();
+            for rule in &rules {
+                count_rule(&mut c, &name, rule);
+            }
         }
         for (name, secs) in objs.sets {
             c.sets.insert(name, u64::from(secs) * 1000);
         }
         for ((map, key), value) in &objs.elements {
+            if let ElementValue::Verdict(v) = value {
+                refer(&mut c.uses, v);
+            }
             let k = key_bytes(key);
             let data = element_data(value);
             digests.entry(map).or_default().add(&k, data.as_ref());
@@ -219,26 +259,86 @@ pub fn verify(
     let mut out = Vec::new();
     let none = BTreeSet::new();
     for f in Family::ALL {
-        let Some((found, found_digests)) = read(f, &none)? else {
+        let Some((mut found, found_digests)) = read(f, &none)? else {
             out.extend(compare(f, &Expected::default(), None));
             continue;
         };
-        let (expected, digests) = expected(dp, state, claims, f, &none);
+        let (mut expected, digests) = expected(dp, state, claims, f, &none);
         let differing: BTreeSet<&str> = rules::BASE_SETS
             .into_iter()
             .filter(|s| found.sets.contains_key(*s))
             .filter(|s| found_digests.get(s) != digests.get(s))
             .collect();
-        if differing.is_empty() {
-            out.extend(compare(f, &expected, Some(&found)));
-            continue;
+        if !differing.is_empty() {
+            drop((found, expected));
+            let Some((again, _)) = read(f, &differing)? else {
+                out.extend(compare(f, &Expected::default(), None));
+                continue;
+            };
+            found = again;
+            expected = self::expected(dp, state, claims, f, &differing).0;
         }
-        drop((found, expected));
-        let found = read(f, &differing)?.map(|(c, _)| c);
-        let (expected, _) = self::expected(dp, state, claims, f, &differing);
-        out.extend(compare(f, &expected, found.as_ref()));
+        count_rules(f, &expected.contents, &mut found)?;
+        out.extend(compare(f, &expected, Some(&found)));
     }
     Ok(out)
+}
+
+/// The chains of `found` whose use count is not the one `expected`
+/// holds, with their rules counted in `found`; the other chains' rules
+/// are not read. How many chains were read.
+pub fn count_rules(
+    f: Family,
+    expected: &TableContents,
+    found: &mut TableContents,
+) -> Result<usize, NftError> {
+    let mut suspects: Vec<String> = found
+        .uses
+        .iter()
+        .filter(|(name, used)| expected.uses.get(*name).is_some_and(|want| want != *used))
+        .map(|(name, _)| name.clone())
+        .collect();
+    if suspects.is_empty() {
+        return Ok(0);
+    }
+    suspects.sort_unstable();
+    let fam = f.nfproto_u8();
+    let err = |what: &str, e: io::Error| {
+        NftError::Exec(format!(
+            "reading back the rules of {} {TABLE} {what}: {e}",
+            f.nft()
+        ))
+    };
+    let sock = Socket::open().map_err(|e| err("(netlink socket)", e))?;
+    for chain in &suspects {
+        let mut n = 0;
+        let mut filter = Attrs::default();
+        filter.str(1, TABLE).str(2, chain);
+        sock.dump_filtered(GETRULE, fam, &filter.buf, |a| {
+            n += usize::from(rule_chain(a).is_some_and(|c| c == *chain));
+        })
+        .map_err(|e| err(chain, e))?;
+        found.chains.insert(chain.clone(), Some(n));
+    }
+    tracing::debug!(
+        family = %f.nft(),
+        chains = suspects.len(),
+        "nftables drift check: rules counted where the use count differs"
+    );
+    Ok(suspects.len())
+}
+
+/// A chain of `table` in one object of a `GETCHAIN` dump, with its use
+/// count.
+fn chain_use(attributes: &[u8], table: &str) -> Option<(String, u32)> {
+    let a = attrs(attributes);
+    let get = |kind: u16| a.iter().find(|(k, _)| *k == kind).map(|(_, v)| *v);
+    let t = get(NFTA_CHAIN_TABLE).map(attr_str)?;
+    let name = get(NFTA_CHAIN_NAME).map(attr_str)?;
+    let used = get(NFTA_CHAIN_USE)
+        .and_then(|v| <[u8; 4]>::try_from(v).ok())
+        .map_or(0, u32::from_be_bytes);
+    (t == table).then_some((name, used))
 }
 
 /// The table of family `f` as the kernel holds it, with the elements of
@@ -258,29 +358,21 @@ pub fn read(
     if !has_table(f)? {
         return Ok(None);
     }
-    let (chains, sets) = batch::list_objects(fam, TABLE).map_err(|e| err("chains and sets", e))?;
-    let mut c = TableContents {
-        chains: chains
-            .into_iter()
-            .map(|n| (n, None))
-            .collect::<HashMap<_, _>>(),
-        sets: sets.into_iter().map(|s| (s.name, s.timeout_ms)).collect(),
-        elements: HashMap::new(),
-    };
     let sock = Socket::open().map_err(|e| err("netlink socket", e))?;
-    for chain in counted_chains() {
-        let Some(count) = c.chains.get_mut(chain) else {
-            continue;
-        };
-        let mut n = 0;
-        let mut filter = Attrs::default();
-        filter.str(1, TABLE).str(2, chain);
-        sock.dump_filtered(GETRULE, fam, &filter.buf, |a| {
-            n += usize::from(rule_chain(a).is_some_and(|c| c == chain));
-        })
-        .map_err(|e| err(chain, e))?;
-        *count = Some(n);
-    }
+    let mut c = TableContents::default();
+    sock.dump(GETCHAIN, fam, |a| {
+        if let Some((name, used)) = chain_use(a, TABLE) {
+            c.chains.insert(name.clone(), None);
+            c.uses.insert(name, used);
+        }
+    })
+    .map_err(|e| err("chains", e))?;
+    sock.dump(GETSET, fam, |a| {
+        if let Some(s) = batch::set_of(a, TABLE) {
+            c.sets.insert(s.name, s.timeout_ms);
+        }
+    })
+    .map_err(|e| err("sets", e))?;
     let mut digests = Digests::new();
     for set in rules::BASE_SETS {
         if !c.sets.contains_key(set) {
@@ -634,6 +726,7 @@ mod tests {
                 service: Some("default/web".into()),
                 expected: format!("goto {WEB_CHAIN}"),
                 found: "absent".into(),
+                repaired: false,
             }]
         );
     }
