@@ -19,6 +19,8 @@ pub struct Progress {
     /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`.
     pub programmed_at: f64,
     pub services: u64,
+    /// `ebpf_kube_proxy_localstate_endpoints`.
+    pub endpoints: u64,
     pub apply_errors: u64,
 }
 
@@ -65,6 +67,7 @@ pub fn progress(bed: &Bed) -> Result<Progress> {
         programmed_at: first_series(&page, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
             .unwrap_or(0.0),
         services: int("ebpf_kube_proxy_localstate_services"),
+        endpoints: int("ebpf_kube_proxy_localstate_endpoints"),
         apply_errors: int("ebpf_kube_proxy_datapath_apply_errors_total"),
     })
 }

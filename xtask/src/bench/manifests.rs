@@ -50,19 +50,22 @@ impl Scale {
 }
 
 fn short(n: usize) -> String {
-    if n.is_multiple_of(1000) {
+    if n >= 1_000_000 && n.is_multiple_of(1_000_000) {
+        format!("{}M", n / 1_000_000)
+    } else if n.is_multiple_of(1000) {
         format!("{}k", n / 1000)
     } else {
         n.to_string()
     }
 }
 
-/// `1k/10k`, `10k/100k`, `50k/250k` → a [`Scale`].
+/// `1k/10k`, `10k/100k`, `50k/250k`, `100k/1M` → a [`Scale`].
 pub fn parse_scale(s: &str) -> Result<Scale> {
     let num = |t: &str| -> Result<usize> {
-        let (digits, mult) = match t.strip_suffix('k') {
-            Some(d) => (d, 1000),
-            None => (t, 1),
+        let (digits, mult) = match (t.strip_suffix('k'), t.strip_suffix('M')) {
+            (Some(d), _) => (d, 1000),
+            (_, Some(d)) => (d, 1_000_000),
+            _ => (t, 1),
         };
         Ok(digits
             .parse::<usize>()
@@ -256,6 +259,54 @@ pub fn driven(pods: &[String], generation: usize) -> Vec<Value> {
         service(DRIVEN + 1, "churn", "10.96.0.6"),
         slice(DRIVEN + 1, "churn", &churn_eps),
     ]
+}
+
+/// Issue 37's big service: `big` at [`BIG_IP`], its endpoints from
+/// 10.176.0.0 (inside the generated endpoints' route), on the other nodes.
+pub const BIG_IP: &str = "10.96.0.8";
+/// Endpoints of the big service's slices, as the EndpointSlice controller
+/// caps them (`--max-endpoints-per-slice` ≤ 1,000).
+pub const BIG_PER_SLICE: usize = 1000;
+
+/// The big service's Service object.
+pub fn big_service() -> Value {
+    service(1 << 42, "big", BIG_IP)
+}
+
+/// Slice `k` of the big service; `moved`: its first endpoint moved to the
+/// `moved`th fresh address (0: where it started), so each rewrite with a
+/// new `moved` changes exactly one endpoint.
+pub fn big_slice(k: usize, moved: usize) -> Value {
+    let nodes: Vec<String> = (0..OTHER_NODES)
+        .map(|n| format!("node-{}", n + 2))
+        .collect();
+    let first = k * BIG_PER_SLICE;
+    let eps: Vec<Ep<'_>> = (first..first + BIG_PER_SLICE)
+        .map(|e| {
+            let ip = match (e == first, moved) {
+                (true, m) if m > 0 => offset_ip(Ipv4Addr::new(10, 184, 0, 0), m),
+                _ => offset_ip(Ipv4Addr::new(10, 176, 0, 0), e),
+            };
+            Ep {
+                ip,
+                node: &nodes[e % OTHER_NODES],
+                n: (1 << 42) + e as u64,
+            }
+        })
+        .collect();
+    let mut s = slice((1 << 42) + k as u64, "big", &eps);
+    // The slice names of one service differ by their generated suffix.
+    s["metadata"]["name"] = json!(format!("big-{k:03}"));
+    s
+}
+
+/// Writes `objects` as `name` in `dir` atomically (written beside it, then
+/// renamed into place).
+pub fn write_atomically(dir: &Path, name: &str, objects: &[Value]) -> Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, documents(objects))
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, dir.join(name)).with_context(|| format!("renaming {name} into place"))
 }
 
 /// How the manifest files are written.
@@ -453,6 +504,9 @@ mod tests {
         let s = parse_scale("50k/250k").unwrap();
         assert_eq!((s.services, s.endpoints), (50_000, 250_000));
         assert_eq!(s.label(), "50k/250k");
+        let m = parse_scale("100k/1M").unwrap();
+        assert_eq!((m.services, m.endpoints), (100_000, 1_000_000));
+        assert_eq!(m.label(), "100k/1M");
         assert!(parse_scale("10k").is_err());
         assert!(parse_scale("10/5").is_err());
     }
@@ -518,6 +572,25 @@ mod tests {
                 assert_ne!(eb["targetRef"]["uid"], ea["targetRef"]["uid"]);
                 assert_ne!(eb["targetRef"]["name"], ea["targetRef"]["name"]);
             }
+        }
+    }
+
+    #[test]
+    fn a_big_slice_rewritten_moves_one_endpoint() {
+        let addrs = |m| -> Vec<String> {
+            big_slice(7, m)["endpoints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["addresses"][0].to_string())
+                .collect()
+        };
+        assert_eq!(addrs(0).len(), BIG_PER_SLICE);
+        assert_eq!(addrs(0)[1], "\"10.176.27.89\"", "slice 7 starts at 7,000");
+        for m in 1..4 {
+            let (before, after) = (addrs(m - 1), addrs(m));
+            let differ = before.iter().zip(&after).filter(|(a, b)| a != b).count();
+            assert_eq!(differ, 1, "move {m}");
         }
     }
 

@@ -7,16 +7,31 @@
 //! nftables and straight to the pod, as ratios.
 //!
 //! ```text
-//! cargo xtask bench [--only localstate|kube-wire|nftables|datapath|nodeport|scale|sync-under-load] [--quick]
-//!                   [--scales 1k/10k,10k/100k,50k/250k] [--datapaths ebpf,nftables,none]
-//!                   [--sources file,kube] [--changes N] [--watchers N] [--idle-seconds N]
-//!                   [--daemon-bin PATH --fanout-bin PATH]
+//! cargo xtask bench [--only localstate|kube-wire|yaml|nftables|datapath|nodeport|scale|big-service|sync-under-load]
+//!                   [--quick] [--scales 1k/10k,10k/100k,50k/250k,100k/1M,big]
+//!                   [--datapaths ebpf,nftables,none] [--sources file,kube] [--changes N]
+//!                   [--change-span-seconds S] [--watchers N] [--idle-seconds N]
+//!                   [--no-baseline] [--no-side-rows] [--daemon-bin PATH --fanout-bin PATH]
 //! ```
+//!
+//! The scale table's default cells are every scale × datapath × source but
+//! 100k/1M, run on eBPF and nftables with the file source only, and `big`
+//! (issue 37's one Service of 100k endpoints beside 1k/10k, eBPF and
+//! nftables, file source); `--scales`, `--datapaths` and `--sources` given
+//! run exactly what they name. One-endpoint changes: 200 spanning at least
+//! two of the daemon's sync periods (`--change-span-seconds`, 60 by default:
+//! the bed runs the daemon's default `--sync-period` of 30 s); `--quick`
+//! takes 5 over no set span. `--no-baseline` skips the `nft -f` baseline
+//! (capped at 5 min, which 50k/250k reaches), `--no-side-rows` the kube-wire
+//! and manifest read rows: for a table measured in parts.
 //!
 //! `--daemon-bin` and `--fanout-bin` take prebuilt release binaries (the
 //! daemon and `proxy-userspace/examples/watch_fanout.rs`) instead of
-//! building them.
+//! building them; the side rows' examples (`kube_wire`, `read_manifests`)
+//! are taken from beside `--daemon-bin` when they are there.
 
+// Issue 37's one Service of 100k endpoints: `--scales big`, `--only big-service`.
+mod big_service;
 mod daemon;
 // The fan-out floor for scale.rs's fan-out row (issue 37 item 5); its TCP
 // transport is not measured by the table (the watchers use the unix socket).
@@ -48,6 +63,8 @@ use manifests::Scale;
 use scale::{Settings, Source};
 
 const DATAPATHS: &[&str] = &["ebpf", "nftables", "none"];
+/// The daemon's default `--sync-period`, which the bed keeps.
+const SYNC_PERIOD: Duration = Duration::from_secs(30);
 
 pub(crate) struct Options {
     only: Option<String>,
@@ -56,6 +73,15 @@ pub(crate) struct Options {
     datapaths: Vec<&'static str>,
     sources: Vec<Source>,
     changes: usize,
+    /// The least time the one-endpoint changes span.
+    change_span: Duration,
+    /// Issue 37's big-service cell.
+    big_service: bool,
+    /// `--scales`, `--datapaths`, `--sources` given: run every combination
+    /// they name (else the 1M scale runs its default cells only).
+    explicit: bool,
+    baseline: bool,
+    side_rows: bool,
     watchers: usize,
     idle: Duration,
     /// Prebuilt daemon and fan-out client: no build.
@@ -73,7 +99,7 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Options> {
                 manifests::parse_scale("10k/100k")?,
             ]
         } else {
-            ["1k/10k", "10k/100k", "50k/250k"]
+            ["1k/10k", "10k/100k", "50k/250k", "100k/1M"]
                 .iter()
                 .map(|s| manifests::parse_scale(s))
                 .collect::<Result<_>>()?
@@ -88,7 +114,16 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Options> {
         } else {
             vec![Source::File, Source::Kube]
         },
-        changes: if quick { 5 } else { 20 },
+        changes: if quick { 5 } else { 200 },
+        change_span: if quick {
+            Duration::ZERO
+        } else {
+            2 * SYNC_PERIOD
+        },
+        big_service: !quick,
+        explicit: false,
+        baseline: true,
+        side_rows: true,
         watchers: 100,
         idle: Duration::from_secs(if quick { 3 } else { 10 }),
         binaries: None,
@@ -99,12 +134,18 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Options> {
         let mut value = || it.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
             "--quick" => {}
+            "--no-baseline" => o.baseline = false,
+            "--no-side-rows" => o.side_rows = false,
             "--only" => o.only = Some(value()?.clone()),
             "--scales" => {
-                o.scales = value()?
+                let given = value()?;
+                o.big_service = given.split(',').any(|s| s == "big");
+                o.scales = given
                     .split(',')
+                    .filter(|s| *s != "big")
                     .map(manifests::parse_scale)
-                    .collect::<Result<_>>()?
+                    .collect::<Result<_>>()?;
+                o.explicit = true;
             }
             "--datapaths" => {
                 o.datapaths = value()?
@@ -116,7 +157,8 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Options> {
                             .copied()
                             .with_context(|| format!("unknown datapath {d:?}"))
                     })
-                    .collect::<Result<_>>()?
+                    .collect::<Result<_>>()?;
+                o.explicit = true;
             }
             "--sources" => {
                 o.sources = value()?
@@ -126,9 +168,14 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Options> {
                         "kube" => Ok(Source::Kube),
                         other => bail!("unknown source {other:?}"),
                     })
-                    .collect::<Result<_>>()?
+                    .collect::<Result<_>>()?;
+                o.explicit = true;
             }
             "--changes" => o.changes = value()?.parse().context("--changes")?,
+            "--change-span-seconds" => {
+                o.change_span =
+                    Duration::from_secs(value()?.parse().context("--change-span-seconds")?)
+            }
             "--watchers" => o.watchers = value()?.parse().context("--watchers")?,
             "--idle-seconds" => {
                 o.idle = Duration::from_secs(value()?.parse().context("--idle-seconds")?)
@@ -190,7 +237,7 @@ pub fn bench(root: &Path, args: &[String]) -> Result<()> {
         }
     }
     let with_nodeport = all || o.quick || only == Some("nodeport");
-    let with_scale = all || o.quick || only == Some("scale");
+    let with_scale = all || o.quick || only == Some("scale") || only == Some("big-service");
     if !(with_nodeport || with_scale) {
         return Ok(());
     }
@@ -201,6 +248,13 @@ pub fn bench(root: &Path, args: &[String]) -> Result<()> {
             let (daemon, fanout) = (dir.0.join("ebpf-kube-proxy"), dir.0.join("watch_fanout"));
             std::fs::copy(d, &daemon).with_context(|| format!("copying {}", d.display()))?;
             std::fs::copy(f, &fanout).with_context(|| format!("copying {}", f.display()))?;
+            for example in SIDE_EXAMPLES {
+                let beside = d.with_file_name(example);
+                if beside.exists() {
+                    std::fs::copy(&beside, dir.0.join(example))
+                        .with_context(|| format!("copying {}", beside.display()))?;
+                }
+            }
             (daemon, fanout)
         }
         None => build_binaries(root, &dir.0)?,
@@ -225,7 +279,10 @@ pub fn bench(root: &Path, args: &[String]) -> Result<()> {
             &BTreeMap::new(),
             &commit,
             o.quick,
-            (nodeport.as_ref(), &[]),
+            Extras {
+                nodeport: nodeport.as_ref(),
+                ..Extras::default()
+            },
         )?;
         println!("results: {} (and results.md)", path.display());
     }
@@ -299,12 +356,18 @@ impl Drop for RunDir {
     }
 }
 
-/// Builds the release daemon and the fan-out client and copies both out
-/// of the (possibly shared) target directory, so that another build cannot
-/// replace them during the run.
+/// The examples the side rows run: the kube-wire decoder, the manifest
+/// reader.
+const SIDE_EXAMPLES: [&str; 2] = ["kube_wire", "read_manifests"];
+
+/// Builds the release daemon, the fan-out client and the side rows'
+/// examples in one cargo run and copies them out of the (possibly shared)
+/// target directory, so that another build cannot replace them during the
+/// run.
 fn build_binaries(root: &Path, dir: &Path) -> Result<(PathBuf, PathBuf)> {
     ebpf::build(root, true)?;
-    run(cargo().args([
+    let mut build = cargo();
+    build.args([
         "build",
         "--release",
         "-p",
@@ -313,13 +376,21 @@ fn build_binaries(root: &Path, dir: &Path) -> Result<(PathBuf, PathBuf)> {
         "ebpf-kube-proxy",
         "--example",
         "watch_fanout",
-    ]))?;
+    ]);
+    for example in SIDE_EXAMPLES {
+        build.args(["--example", example]);
+    }
+    run(&mut build)?;
     let release = crate::paths::target_dir(root).join("release");
     let daemon = dir.join("ebpf-kube-proxy");
     let fanout = dir.join("watch_fanout");
     std::fs::copy(release.join("ebpf-kube-proxy"), &daemon).context("copying the daemon")?;
     std::fs::copy(release.join("examples/watch_fanout"), &fanout)
         .context("copying the fan-out client")?;
+    for example in SIDE_EXAMPLES {
+        std::fs::copy(release.join("examples").join(example), dir.join(example))
+            .with_context(|| format!("copying {example}"))?;
+    }
     Ok((daemon, fanout))
 }
 
@@ -355,6 +426,7 @@ fn scale_table(
     let started = Instant::now();
     let settings = Settings {
         change_samples: o.changes,
+        change_span: o.change_span,
         idle: o.idle,
         watchers: o.watchers,
         sync_timeout: Duration::from_secs(300),
@@ -369,10 +441,14 @@ fn scale_table(
     );
     let mut cells = Vec::new();
     let mut baselines = BTreeMap::new();
-    for &scale in &o.scales {
+    let only_big = o.only.as_deref() == Some("big-service");
+    let scales: &[Scale] = if only_big { &[] } else { &o.scales };
+    for &scale in scales {
         // `nft -f` alone takes minutes at 10k services: --quick loads the
-        // baseline at the smallest scale only.
-        let baseline = !o.quick || scale.services <= 1000;
+        // baseline at the smallest scale only, and no run at 1M (capped
+        // at 50k already).
+        let baseline =
+            o.baseline && (!o.quick || scale.services <= 1000) && !report::is_million(scale);
         if baseline && o.datapaths.contains(&"nftables") {
             println!(
                 "[{:>4.0} s] {}: baseline, kube-proxy-shaped ruleset with one nft -f (cap {} s)",
@@ -389,6 +465,12 @@ fn scale_table(
         }
         for &datapath in &o.datapaths {
             for &source in &o.sources {
+                // 1M endpoints: eBPF and nftables with the file source,
+                // unless asked for by name.
+                let default_cell = datapath != "none" && source == scale::Source::File;
+                if report::is_million(scale) && !o.explicit && !default_cell {
+                    continue;
+                }
                 println!(
                     "[{:>4.0} s] {} {datapath} {}",
                     started.elapsed().as_secs_f64(),
@@ -404,29 +486,67 @@ fn scale_table(
                     &baselines,
                     commit,
                     o.quick,
-                    (nodeport, &[]),
+                    Extras {
+                        nodeport,
+                        ..Extras::default()
+                    },
                 )?;
             }
         }
     }
-    let largest = *o
-        .scales
+    let mut big = Vec::new();
+    if o.big_service || only_big {
+        let big_settings = big_service::Settings {
+            daemon_bin: settings.daemon_bin.clone(),
+            changes: 50,
+            rounds: 3,
+        };
+        for &datapath in o.datapaths.iter().filter(|d| **d != "none") {
+            println!(
+                "[{:>4.0} s] one Service of 100k endpoints beside 1k/10k, {datapath} file",
+                started.elapsed().as_secs_f64()
+            );
+            big.push(big_service::run(datapath, &big_settings));
+        }
+    }
+    // The side rows at 50k/250k (the goals' scale) or the largest below 1M.
+    let side_scale = scales
         .iter()
+        .filter(|_| o.side_rows)
+        .filter(|s| !report::is_million(**s))
         .max_by_key(|s| s.services)
-        .context("no scale")?;
-    println!(
-        "[{:>4.0} s] {}: kube lists in protobuf and JSON, manifests read as YAML and JSON",
-        started.elapsed().as_secs_f64(),
-        largest.label()
-    );
-    let side = side_rows(root, dir, largest);
-    let table = report::markdown(&cells, &o.scales, &baselines);
+        .or(scales
+            .iter()
+            .filter(|_| o.side_rows)
+            .max_by_key(|s| s.services))
+        .copied();
+    let side = match side_scale {
+        Some(scale) => {
+            println!(
+                "[{:>4.0} s] {}: kube lists in protobuf and JSON, manifests read as YAML and JSON",
+                started.elapsed().as_secs_f64(),
+                scale.label()
+            );
+            side_rows(root, dir, scale)
+        }
+        None => Vec::new(),
+    };
     let (mut met, mut missed) = report::verdicts(&cells);
-    println!("\n{table}");
-    println!(
-        "{} services / {} endpoints:",
-        largest.services, largest.endpoints
-    );
+    if !cells.is_empty() {
+        println!("\n{}", report::markdown(&cells, scales, &baselines));
+    }
+    if !big.is_empty() {
+        let (table, m, x) = big_service::markdown(&big);
+        println!("\n{table}");
+        met += m;
+        missed += x;
+    }
+    if let Some(scale) = side_scale {
+        println!(
+            "{} services / {} endpoints:",
+            scale.services, scale.endpoints
+        );
+    }
     for row in &side {
         println!("  {row}");
         if row.contains(" MISSED") || row.contains("ERROR") {
@@ -442,11 +562,15 @@ fn scale_table(
     let path = write_results(
         root,
         &cells,
-        &o.scales,
+        scales,
         &baselines,
         commit,
         o.quick,
-        (nodeport, &side),
+        Extras {
+            nodeport,
+            side: &side,
+            big: &big,
+        },
     )?;
     println!("results: {} (and results.md)", path.display());
     Ok(())
@@ -459,15 +583,28 @@ fn scale_table(
 /// saying why.
 fn side_rows(root: &Path, dir: &Path, scale: Scale) -> Vec<String> {
     let mut out = Vec::new();
-    match kube_wire::build_decoder(root, dir).and_then(|d| kube_wire::measure(&d, dir, scale)) {
+    // Built with the daemon (or given beside it) when in `dir`.
+    let prebuilt = |name: &str| Some(dir.join(name)).filter(|p| p.exists());
+    let decoder = prebuilt("kube_wire").map_or_else(|| kube_wire::build_decoder(root, dir), Ok);
+    match decoder.and_then(|d| kube_wire::measure(&d, dir, scale)) {
         Ok(wire) => out.extend(kube_wire::rows(&wire)),
         Err(e) => out.push(format!("kube lists, protobuf vs JSON: ERROR {e:#}")),
     }
-    match yaml_rate::build_reader(root, dir).and_then(|r| yaml_rate::measure(&r, dir, scale)) {
+    let reader = prebuilt("read_manifests").map_or_else(|| yaml_rate::build_reader(root, dir), Ok);
+    match reader.and_then(|r| yaml_rate::measure(&r, dir, scale)) {
         Ok(rates) => out.extend(yaml_rate::rows(&rates)),
         Err(e) => out.push(format!("manifests read, YAML and JSON: ERROR {e:#}")),
     }
     out
+}
+
+/// What a run measured beside the scale table's cells.
+#[derive(Default)]
+struct Extras<'a> {
+    nodeport: Option<&'a nodeport::NodePortResult>,
+    /// The kube-wire and manifest-read lines.
+    side: &'a [String],
+    big: &'a [big_service::BigResult],
 }
 
 /// `target/bench/results.json` and `results.md`; the JSON's path.
@@ -478,7 +615,11 @@ fn write_results(
     baselines: &BTreeMap<String, Result<f64, String>>,
     commit: &str,
     quick: bool,
-    (nodeport, side): (Option<&nodeport::NodePortResult>, &[String]),
+    Extras {
+        nodeport,
+        side,
+        big,
+    }: Extras<'_>,
 ) -> Result<PathBuf> {
     let out_dir = crate::paths::target_dir(root).join("bench");
     std::fs::create_dir_all(&out_dir).context("creating target/bench")?;
@@ -493,6 +634,11 @@ fn write_results(
             md.push('\n');
         }
         md.push_str(&report::markdown(cells, scales, baselines));
+    }
+    if !big.is_empty() {
+        json["big_service"] = big.iter().map(big_service::to_json).collect();
+        md.push('\n');
+        md.push_str(&big_service::markdown(big).0);
     }
     if !side.is_empty() {
         json["side_rows"] = serde_json::json!(side);

@@ -39,7 +39,7 @@ pub fn sampled_ips(scale: Scale) -> Vec<String> {
 /// all as local addresses (its netexec listens on every address), so a
 /// connection to a generated service is answered once the datapath
 /// translates it, and not before.
-pub(super) fn route_generated(bed: &Bed) -> Result<()> {
+pub(in crate::bench) fn route_generated(bed: &Bed) -> Result<()> {
     let pod = bed.pods.first().context("the bed has no pod")?;
     // The first pod's veth on the node (see the bed's add_pod).
     let veth = format!("{}v1", bed.prefix);
@@ -170,7 +170,7 @@ const SERVED_AFTER_PROGRAMMED: Duration = Duration::from_secs(10);
 /// Seconds from spawning the daemon to the whole state programmed, by the
 /// daemon's own clock of the apply's end; and to the last of `sampled`
 /// answering through the datapath, or why not.
-pub(super) fn full_sync(
+pub(in crate::bench) fn full_sync(
     bed: &mut Bed,
     total: u64,
     sampled: &[String],
