@@ -118,6 +118,44 @@ fn grpcio_with_default_options_reads_both_apis_over_their_unix_sockets() {
     assert_eq!(strings(&r["watch"]), ["default/web-0"], "{r}");
 }
 
+/// A state of a few megabytes: the daemon sends the services of a frame
+/// as one shared buffer of gRPC messages, cut into HTTP/2 frames as the
+/// client's window and frame size allow, so messages straddle DATA
+/// frames; grpcio with its default settings (64 KiB initial window,
+/// 16 KiB frames) reads every service of `Next` and `Watch` in order.
+#[test]
+fn grpcio_with_default_options_reads_a_state_of_megabytes() {
+    const SERVICES: usize = 2_000;
+    let name = |i: usize| format!("svc-{i:04}");
+    let (mut svcs, mut slices) = (Vec::new(), Vec::new());
+    for i in 0..SERVICES {
+        let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+        svcs.push(service("default", &name(i), &ip));
+        let ips: Vec<String> = (0..20)
+            .map(|e| format!("10.{}.{}.{}", 1 + i / 250, i % 250, e + 1))
+            .collect();
+        let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
+        slices.push(slice("default", &name(i), &ips));
+    }
+    let d = Daemon::start_in(
+        manifests_dir(&[
+            ("svc.yaml", &svcs.join("---\n")),
+            ("eps.yaml", &slices.join("---\n")),
+        ]),
+        &[],
+    );
+    let want: Vec<String> = (0..SERVICES)
+        .map(|i| format!("default/{}", name(i)))
+        .collect();
+    for target in [unix_target(&d.socket), d.addr.to_string()] {
+        let r = py(&d, &["localnet", &target]);
+        assert!(r.get("error").is_none(), "{target}: {}", r["error"]);
+        assert_eq!(strings(&r["next_services"]), want, "{target}");
+        assert_eq!(strings(&r["watch_services"]), want, "{target}");
+        assert_eq!(r["watch_count"], SERVICES, "{target}");
+    }
+}
+
 /// grpcio with default options asks for delta frames (the extension in
 /// localnet.proto) over both sockets: its first frame is the whole state,
 /// then only changes, and the state it rebuilds after a service is added,

@@ -125,8 +125,14 @@ impl EncodedBody {
         }
     }
 
-    /// Frames one message: a large service is queued as its own bytes.
+    /// Frames one message: a large service is queued as its own bytes,
+    /// messages already framed as they are.
     fn push(&mut self, item: Encoded) -> Result<(), Status> {
+        if let Encoded::Framed(b) = item {
+            self.flush();
+            self.ready.push_back(b);
+            return Ok(());
+        }
         let len = item.encoded_len();
         if len > MAX_MESSAGE_BYTES {
             return Err(Status::out_of_range(format!(

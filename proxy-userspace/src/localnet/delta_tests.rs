@@ -95,10 +95,9 @@ fn snapshots(steps: &[(Vec<Op>, bool)]) -> Vec<Snapshot> {
 
 fn events(items: impl Iterator<Item = Result<Encoded, Status>>) -> Vec<pb::watch_event::Event> {
     items
-        .map(|e| {
-            let mut out = Vec::new();
-            e.expect("ok").write(&mut out);
-            pb::WatchEvent::decode(out.as_slice())
+        .flat_map(|e| e.expect("ok").messages())
+        .map(|m| {
+            pb::WatchEvent::decode(m.as_slice())
                 .expect("decodes")
                 .event
                 .expect("set")

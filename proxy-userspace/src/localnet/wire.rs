@@ -33,17 +33,25 @@ pub enum Encoded {
     /// encoded `ServiceEndpoints` as `NextItem.endpoints` or as
     /// `WatchEvent.service` (both field 2), so one encoding serves both.
     Service(Bytes),
+    /// Whole messages already in gRPC framing, each behind its
+    /// [`GRPC_PREFIX`]-byte prefix: a frame's services laid out once and
+    /// sent as they are by every stream.
+    Framed(Bytes),
 }
+
+/// A gRPC message's prefix: the compression flag and the length.
+pub const GRPC_PREFIX: usize = 5;
 
 impl Encoded {
     pub fn message(m: &impl prost::Message) -> Self {
         Encoded::Message(m.encode_to_vec().into())
     }
 
-    /// Writes the message's bytes.
+    /// Writes the message's bytes (the messages with their prefixes for
+    /// [`Encoded::Framed`]).
     pub fn write(&self, dst: &mut impl BufMut) {
         match self {
-            Encoded::Message(b) => dst.put_slice(b),
+            Encoded::Message(b) | Encoded::Framed(b) => dst.put_slice(b),
             Encoded::Service(b) => {
                 Self::write_service_header(b.len(), dst);
                 dst.put_slice(b);
@@ -60,9 +68,33 @@ impl Encoded {
     /// The length of what [`Encoded::write`] writes.
     pub fn encoded_len(&self) -> usize {
         match self {
-            Encoded::Message(b) => b.len(),
-            Encoded::Service(b) => key_len(2) + encoded_len_varint(b.len() as u64) + b.len(),
+            Encoded::Message(b) | Encoded::Framed(b) => b.len(),
+            Encoded::Service(b) => Self::service_len(b.len()),
         }
+    }
+
+    /// Each message written, without prefixes (tests read items with it).
+    #[cfg(test)]
+    pub(crate) fn messages(&self) -> Vec<Vec<u8>> {
+        let Encoded::Framed(b) = self else {
+            let mut out = Vec::new();
+            self.write(&mut out);
+            return vec![out];
+        };
+        let (mut rest, mut out) = (&b[..], Vec::new());
+        while !rest.is_empty() {
+            assert_eq!(rest[0], 0, "uncompressed");
+            let len =
+                u32::from_be_bytes(rest[1..GRPC_PREFIX].try_into().expect("4 bytes")) as usize;
+            out.push(rest[GRPC_PREFIX..GRPC_PREFIX + len].to_vec());
+            rest = &rest[GRPC_PREFIX + len..];
+        }
+        out
+    }
+
+    /// The length of the message around a service of `len` bytes.
+    pub fn service_len(len: usize) -> usize {
+        key_len(2) + encoded_len_varint(len as u64) + len
     }
 }
 
