@@ -32,6 +32,15 @@ impl StaleFlows {
     pub fn of(view: &Programmed, changes: &[Change<'_>]) -> StaleFlows {
         let mut keep = HashMap::new();
         for c in changes {
+            let vip = match c {
+                Change::Upsert(d) => d.vip,
+                Change::Remove(vip) => *vip,
+            };
+            // Before the set of its backends is made: a socket-scope VIP
+            // of 100,000 backends would cost milliseconds for nothing.
+            if vip.scope != Scope::External {
+                continue;
+            }
             let (vip, allowed): (Vip, HashSet<SocketAddr>) = match c {
                 Change::Upsert(d) => (
                     d.vip,
@@ -43,9 +52,6 @@ impl StaleFlows {
                 ),
                 Change::Remove(vip) => (*vip, HashSet::new()),
             };
-            if vip.scope != Scope::External {
-                continue;
-            }
             let Some(old) = view.service(&vip) else {
                 continue;
             };

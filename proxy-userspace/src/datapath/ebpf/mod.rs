@@ -66,6 +66,7 @@ use maps::KernelMaps;
 use plan::Programmed;
 
 pub use loader::{cleanup, CleanupReport};
+pub use write::PlanCost;
 
 /// The eBPF object, copied into OUT_DIR by build.rs; empty when it had not
 /// been built (`cargo xtask build-ebpf --release`).
@@ -229,6 +230,10 @@ pub struct EbpfDatapath {
     sock_destroy_metrics: sockdestroy::SockDestroyMetrics,
     /// Endpoints whose TCP connections drain (not destroyed yet).
     draining: sockdestroy::Draining,
+    /// What the big VIPs were last written from: their next change is
+    /// planned from the difference.
+    written_from: write::WrittenFrom,
+    last_plan: write::PlanCost,
 }
 
 impl std::fmt::Debug for EbpfDatapath {
@@ -286,6 +291,8 @@ impl EbpfDatapath {
             sock_destroyer,
             sock_destroy_metrics,
             draining: sockdestroy::Draining::default(),
+            written_from: write::WrittenFrom::default(),
+            last_plan: write::PlanCost::default(),
         };
         dp.show_capacity();
         Ok(dp)

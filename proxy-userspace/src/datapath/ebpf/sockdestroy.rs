@@ -214,8 +214,8 @@ impl Draining {
         let mut ended = Vec::new();
         for c in changes {
             let (vip, now, picked) = match c {
-                Change::Upsert(d) => (d.vip, socket_addrs(&d.draining), socket_addrs(&d.backends)),
-                Change::Remove(vip) => (*vip, Vec::new(), Vec::new()),
+                Change::Upsert(d) => (d.vip, socket_addrs(&d.draining), &d.backends[..]),
+                Change::Remove(vip) => (*vip, Vec::new(), &[][..]),
             };
             if vip.scope != Scope::Socket || vip.proto != proxy_common::PROTO_TCP {
                 continue;
@@ -229,7 +229,12 @@ impl Draining {
                 before
                     .unwrap_or_default()
                     .into_iter()
-                    .filter(|a| !now.contains(a) && !picked.contains(a))
+                    .filter(|a| {
+                        !now.contains(a)
+                            && picked
+                                .binary_search_by(|b| (b.ip, b.port).cmp(&(a.ip(), a.port())))
+                                .is_err()
+                    })
                     .map(|a| (vip, a)),
             );
         }

@@ -35,6 +35,59 @@ pub(super) const SERVICES_PER_CHUNK: usize = 4_096;
 /// Chunks of desired services computed ahead of the one being written.
 const CHUNKS_AHEAD: usize = 1;
 
+/// The backends the big VIPs' slots were last written from
+/// ([`plan::LastWritten`]), valid while the view has changed only by this
+/// datapath's own writes since: a view read back from the kernel (a drift
+/// check, a relink) or a failed write leaves them behind, and they are
+/// dropped at the next plan.
+#[derive(Default)]
+pub(super) struct WrittenFrom {
+    /// `EbpfDatapath::view_gen` that `backends` describe.
+    gen: u64,
+    backends: plan::LastWritten,
+}
+
+impl WrittenFrom {
+    /// What the view at `view_gen` was written from (empty when the view
+    /// changed otherwise).
+    fn at(&mut self, view_gen: u64) -> &plan::LastWritten {
+        if self.gen != view_gen {
+            self.backends.clear();
+            self.gen = view_gen;
+        }
+        &self.backends
+    }
+
+    /// The view went from `before` to `after` by writes of ours.
+    fn advance(&mut self, before: u64, after: u64) {
+        if self.gen == before {
+            self.gen = after;
+        }
+    }
+
+    /// `d` was written to the view at `view_gen`: kept when it is big.
+    fn record(&mut self, view_gen: u64, d: DesiredService) {
+        if self.gen == view_gen && d.backends.len() >= plan::PATCH_MIN_BACKENDS {
+            self.backends.insert(d.vip, d.backends);
+        }
+    }
+}
+
+/// What the last plan cost: map writes, and backend addresses looked up
+/// to make them (see [`plan::Plan::backends_looked_up`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanCost {
+    pub ops: usize,
+    pub backends_looked_up: usize,
+}
+
+impl EbpfDatapath {
+    /// What the last plan (of the last apply's last chunk) cost.
+    pub fn last_plan(&self) -> PlanCost {
+        self.last_plan
+    }
+}
+
 /// What one plan wrote, and the first service it could not program.
 #[derive(Default)]
 struct Written {
@@ -93,7 +146,7 @@ impl EbpfDatapath {
             }
         }
         let desired = desired::desired_of(&next.services, claims, &self.node_ips);
-        self.apply_one_plan(&desired)
+        self.apply_one_plan(desired)
     }
 
     /// A partial sync of the `changed` services (`next` of each, `None`
@@ -136,7 +189,16 @@ impl EbpfDatapath {
         disown(self);
         let stats = self.apply_changes(changes)?;
         desired.iter().for_each(|d| self.own(d));
+        self.record(desired);
         Ok(stats)
+    }
+
+    /// Keeps what the big VIPs of `desired`, just written, were written
+    /// from.
+    fn record(&mut self, desired: Vec<DesiredService>) {
+        for d in desired {
+            self.written_from.record(self.view_gen, d);
+        }
     }
 
     /// Writes the VIPs `services` own a chunk at a time, after the
@@ -202,6 +264,7 @@ impl EbpfDatapath {
                 let upserts = desired.iter().map(Change::Upsert).collect();
                 written.add(self.write_changes(upserts, list_pairs)?);
                 desired.iter().for_each(|d| self.own(d));
+                self.record(desired);
             }
             Ok::<_, EbpfError>(())
         })?;
@@ -246,7 +309,7 @@ impl EbpfDatapath {
     /// first. Returns the VIPs written.
     fn apply_one_plan(
         &mut self,
-        desired: &[DesiredService],
+        desired: Vec<DesiredService>,
     ) -> Result<(ApplyStats, HashSet<Vip>), EbpfError> {
         let wanted: HashSet<Vip> = desired.iter().map(|d| d.vip).collect();
         let changes = self
@@ -258,6 +321,7 @@ impl EbpfDatapath {
         self.owned.clear();
         let stats = self.apply_changes(changes)?;
         desired.iter().for_each(|d| self.own(d));
+        self.record(desired);
         Ok((stats, wanted))
     }
 
@@ -314,7 +378,13 @@ impl EbpfDatapath {
         self.ext.add_ranges(ranges_before)?;
         let drained = self.draining.update(&changes);
         let stale_flows = ctflush::StaleFlows::of(&self.view, &changes);
-        let plan = plan::plan(&self.view, changes);
+        let before = self.view_gen;
+        let plan = plan::plan_from(&self.view, changes, self.written_from.at(before));
+        // Planned from; what they are written from now is recorded by
+        // the caller once the write succeeded.
+        for (vip, _) in &ranges_after {
+            self.written_from.backends.remove(vip);
+        }
         let planned = started.elapsed();
         self.check_fits(&plan.ops)?;
         let pairs = list_pairs.then(|| sockdestroy::removed_and_added(&self.view, &plan.ops));
@@ -323,6 +393,7 @@ impl EbpfDatapath {
             self.view_gen += 1;
             maps::execute(&plan.ops, Arc::make_mut(&mut self.view), &mut self.maps)?;
         }
+        self.written_from.advance(before, self.view_gen);
         let written = started.elapsed();
         if !stale_flows.is_empty() {
             match stale_flows.flush(&self.root) {
@@ -344,6 +415,7 @@ impl EbpfDatapath {
         tracing::debug!(
             vips_changed = plan.vips_changed,
             ops = plan.ops.len(),
+            backends_looked_up = plan.backends_looked_up,
             service_entries = self.view.service_entry_count(),
             backends = self.view.backend_count(),
             plan_ms = planned.as_secs_f64() * 1e3,
@@ -352,6 +424,10 @@ impl EbpfDatapath {
             total_ms = started.elapsed().as_secs_f64() * 1e3,
             "eBPF maps updated"
         );
+        self.last_plan = PlanCost {
+            ops: plan.ops.len(),
+            backends_looked_up: plan.backends_looked_up,
+        };
         Ok(Written {
             services_changed: plan.vips_changed,
             problem: plan.problems.into_iter().next(),
@@ -362,8 +438,10 @@ impl EbpfDatapath {
     fn collect_backends(&mut self) -> Result<(), EbpfError> {
         let gc = plan::plan_gc(&self.view);
         if !gc.is_empty() {
+            let before = self.view_gen;
             self.view_gen += 1;
             maps::execute(&gc, Arc::make_mut(&mut self.view), &mut self.maps)?;
+            self.written_from.advance(before, self.view_gen);
         }
         Ok(())
     }
