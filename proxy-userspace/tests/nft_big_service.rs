@@ -16,45 +16,14 @@ use ebpf_kube_proxy::model::claims::Claims;
 use ebpf_kube_proxy::model::testing;
 use ebpf_kube_proxy::model::{EndpointScopes, LocalState, ServiceEndpoints};
 
+mod common;
+use common::netns::{in_private_netns, ip};
+
 /// Endpoints of the big service (the slice is 1,000; this is
 /// five of them).
 const ENDPOINTS: u32 = 5_000;
 /// Small services beside it.
 const SMALL: usize = 200;
-
-/// Runs `f` on a thread in a new, empty network namespace (the `nft` and
-/// `ip` it spawns inherit it), or returns `None` when not root.
-fn in_private_netns<T: Send>(f: impl FnOnce() -> T + Send) -> Option<T> {
-    // SAFETY: getuid has no preconditions.
-    if unsafe { libc::getuid() } != 0
-        || std::process::Command::new("nft")
-            .arg("--version")
-            .output()
-            .is_err()
-    {
-        eprintln!("skipped: needs root and nft");
-        return None;
-    }
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: unshare only moves this scoped test thread into a
-            // fresh network namespace; the host's rules are never seen.
-            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
-            f()
-        })
-        .join()
-        .unwrap()
-    })
-    .into()
-}
-
-fn ip(args: &[&str]) {
-    let st = std::process::Command::new("ip")
-        .args(args)
-        .status()
-        .unwrap();
-    assert!(st.success(), "ip {args:?}");
-}
 
 /// Endpoint `i` of the big service: 10.244.0.0 + i + 1.
 fn addr(i: u32) -> Ipv4Addr {

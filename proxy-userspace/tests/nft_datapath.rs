@@ -17,6 +17,9 @@ use ebpf_kube_proxy::model::testing;
 use ebpf_kube_proxy::model::{EndpointScopes, LocalEndpoint, LocalState, ServiceEndpoints};
 use ebpf_kube_proxy::net::Cidr;
 
+mod common;
+use common::netns::in_private_netns;
+
 /// `default/web` (10.96.0.10, port http 80 → 8080) with `endpoints` and
 /// ClientIP affinity for `affinity` seconds.
 fn web(endpoints: Vec<LocalEndpoint>, affinity: Option<u32>) -> ServiceEndpoints {
@@ -53,32 +56,6 @@ impl ProgramOnce for NftDatapath {
     fn program(self, next: &LocalState) -> Result<Applied, DatapathError> {
         Applier::new(Box::new(self)).apply(&Arc::new(next.clone()))
     }
-}
-
-/// Runs `f` on a thread in a new, empty network namespace (the `nft`
-/// it spawns inherits it), or returns `None` when not root.
-fn in_private_netns<T: Send>(f: impl FnOnce() -> T + Send) -> Option<T> {
-    // SAFETY: getuid has no preconditions.
-    if unsafe { libc::getuid() } != 0
-        || std::process::Command::new("nft")
-            .arg("--version")
-            .output()
-            .is_err()
-    {
-        eprintln!("skipped: needs root and nft");
-        return None;
-    }
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: unshare only moves this scoped test thread into a
-            // fresh network namespace; the host's rules are never seen.
-            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
-            f()
-        })
-        .join()
-        .unwrap()
-    })
-    .into()
 }
 
 fn listing() -> String {

@@ -394,6 +394,7 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
 }
 pub use test_support::fake_apiserver;
 pub mod kernel;
+pub mod netns;
 pub mod status;
 
 /// A `Watch` from the start (instance 0, rev 0): the stream of frames.
