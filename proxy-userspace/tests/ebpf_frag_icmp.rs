@@ -33,6 +33,7 @@ use test_support::netns;
 
 mod common;
 use common::kernel::Env;
+use common::tc_bed::{self, CLIENT_NS, NODE_NS, POD_NS};
 
 /// argv: NAME ADDR PORT. UDP: echo "NAME|PEER|DATA" (any size). TCP:
 /// reads to the end, answers "NAME|PEER|<bytes read>".
@@ -112,56 +113,26 @@ out["ms"] = (time.monotonic() - t0) * 1000
 print(json.dumps(out), flush=True)
 "#;
 
-const CLIENT_NS: &str = "client";
-const NODE_NS: &str = "node";
-const POD_NS: &str = "pod";
 const ROUTER_NS: &str = "router";
 const BACKEND_NS: &str = "backend";
 const ECONNREFUSED: i64 = 111;
 
 /// The five namespaces of the picture above, wired and addressed.
 fn build(env: &mut Env) {
-    for short in [CLIENT_NS, NODE_NS, POD_NS, ROUTER_NS, BACKEND_NS] {
-        env.add_ns(short);
-    }
-    let (c, n, p, r, b) = (
-        env.ns(CLIENT_NS),
-        env.ns(NODE_NS),
-        env.ns(POD_NS),
-        env.ns(ROUTER_NS),
-        env.ns(BACKEND_NS),
-    );
-    env.netns.veth(&c, "c0", &n, "n0").unwrap();
-    env.netns.veth(&p, "p0", &n, "np").unwrap();
-    env.netns.veth(&r, "r0", &n, "n1").unwrap();
+    tc_bed::build(env, 85, ROUTER_NS);
+    env.add_ns(BACKEND_NS);
+    let (r, b) = (env.ns(ROUTER_NS), env.ns(BACKEND_NS));
     env.netns.veth(&b, "b0", &r, "r1").unwrap();
-    for ns in [&n, &r] {
-        for key in ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"] {
-            env.netns.sysctl(ns, key, "1").unwrap();
-        }
+    for key in ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"] {
+        env.netns.sysctl(&r, key, "1").unwrap();
     }
     let config = [
-        (CLIENT_NS, "addr add 192.168.85.2/24 dev c0"),
-        (CLIENT_NS, "addr add fd85::2/64 dev c0 nodad"),
-        (CLIENT_NS, "route add default via 192.168.85.1"),
-        (CLIENT_NS, "-6 route add default via fd85::1"),
-        (NODE_NS, "addr add 192.168.85.1/24 dev n0"),
-        (NODE_NS, "addr add fd85::1/64 dev n0 nodad"),
-        (NODE_NS, "addr add 10.85.1.1/24 dev np"),
-        (NODE_NS, "addr add fd85:1::1/64 dev np nodad"),
-        (NODE_NS, "addr add 192.168.86.1/24 dev n1"),
         (NODE_NS, "addr add fd86::1/64 dev n1 nodad"),
         (NODE_NS, "route add 10.85.2.0/24 via 192.168.86.2"),
         (NODE_NS, "-6 route add fd85:2::/64 via fd86::2"),
-        (POD_NS, "addr add 10.85.1.10/24 dev p0"),
-        (POD_NS, "addr add fd85:1::10/64 dev p0 nodad"),
-        (POD_NS, "route add default via 10.85.1.1"),
-        (POD_NS, "-6 route add default via fd85:1::1"),
-        (ROUTER_NS, "addr add 192.168.86.2/24 dev r0"),
         (ROUTER_NS, "addr add fd86::2/64 dev r0 nodad"),
         (ROUTER_NS, "addr add 10.85.2.1/24 dev r1"),
         (ROUTER_NS, "addr add fd85:2::1/64 dev r1 nodad"),
-        (ROUTER_NS, "route add default via 192.168.86.1"),
         (ROUTER_NS, "-6 route add default via fd86::1"),
         // The narrow path to the backend's first addresses.
         (ROUTER_NS, "route add 10.85.2.10/32 dev r1 mtu 1280"),

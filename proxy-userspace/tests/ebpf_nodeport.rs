@@ -28,6 +28,7 @@ use test_support::netns;
 
 mod common;
 use common::kernel::Env;
+use common::tc_bed::{self, CLIENT_NS, NODE_NS, POD_NS};
 
 /// argv: NAME ADDR PORT. TCP and UDP echo: "NAME|PEER|DATA".
 const SERVER: &str = r#"
@@ -92,50 +93,15 @@ except OSError as e:
 print(json.dumps(out), flush=True)
 "#;
 
-const CLIENT_NS: &str = "client";
-const NODE_NS: &str = "node";
-const POD_NS: &str = "pod";
 const REMOTE_NS: &str = "remote";
 
-/// The four namespaces of the picture above, wired and addressed.
+/// The namespaces of the picture above, wired and addressed.
 fn build(env: &mut Env) {
-    for short in [CLIENT_NS, NODE_NS, POD_NS, REMOTE_NS] {
-        env.add_ns(short);
-    }
-    let (c, n, p, r) = (
-        env.ns(CLIENT_NS),
-        env.ns(NODE_NS),
-        env.ns(POD_NS),
-        env.ns(REMOTE_NS),
-    );
-    env.netns.veth(&c, "c0", &n, "n0").unwrap();
-    env.netns.veth(&p, "p0", &n, "np").unwrap();
-    env.netns.veth(&r, "r0", &n, "n1").unwrap();
-    for key in ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"] {
-        env.netns.sysctl(&n, key, "1").unwrap();
-    }
-    // (namespace, `ip` command): addresses (IPv6 without duplicate
-    // address detection, usable at once) and routes.
-    let config = [
-        (CLIENT_NS, "addr add 192.168.77.2/24 dev c0"),
-        (CLIENT_NS, "addr add fd77::2/64 dev c0 nodad"),
-        (CLIENT_NS, "route add default via 192.168.77.1"),
-        (CLIENT_NS, "-6 route add default via fd77::1"),
-        (NODE_NS, "addr add 192.168.77.1/24 dev n0"),
-        (NODE_NS, "addr add fd77::1/64 dev n0 nodad"),
-        (NODE_NS, "addr add 10.77.1.1/24 dev np"),
-        (NODE_NS, "addr add fd77:1::1/64 dev np nodad"),
-        (NODE_NS, "addr add 192.168.78.1/24 dev n1"),
-        (NODE_NS, "route add 10.77.2.0/24 via 192.168.78.2"),
-        (POD_NS, "addr add 10.77.1.10/24 dev p0"),
-        (POD_NS, "addr add fd77:1::10/64 dev p0 nodad"),
-        (POD_NS, "route add default via 10.77.1.1"),
-        (POD_NS, "-6 route add default via fd77:1::1"),
-        (REMOTE_NS, "addr add 192.168.78.2/24 dev r0"),
+    tc_bed::build(env, 77, REMOTE_NS);
+    env.ip_all(&[
         (REMOTE_NS, "addr add 10.77.2.10/32 dev lo"),
-        (REMOTE_NS, "route add default via 192.168.78.1"),
-    ];
-    env.ip_all(&config);
+        (NODE_NS, "route add 10.77.2.0/24 via 192.168.78.2"),
+    ]);
 }
 
 /// A client in the client namespace.

@@ -396,6 +396,7 @@ pub use test_support::fake_apiserver;
 pub mod kernel;
 pub mod netns;
 pub mod status;
+pub mod tc_bed;
 
 /// A `Watch` from the start (instance 0, rev 0): the stream of frames.
 pub async fn watch_all(
