@@ -142,13 +142,12 @@ struct Tuple {
     dport: u16,
 }
 
-
+/// The clock of conntrack and affinity times.
 #[inline(always)]
 fn now_ns() -> u64 {
     // SAFETY: helper without arguments.
     unsafe { bpf_ktime_get_ns() }
 }
-
 
 /// The external-scope header key of the packet's destination.
 #[inline(always)]
@@ -176,24 +175,24 @@ pub fn ekp_tc_ingress(ctx: TcContext) -> i32 {
     let Some(mut p) = parse(&ctx) else {
         return TCX_NEXT;
     };
-    let now = now_ns();
     if p.sport == 0 && p.dport == 0 {
-        return without_ports(&ctx, &mut p, now, false);
+        return without_ports(&ctx, &mut p, false);
     }
     if let Some(hdr) = frontend(&p) {
         // To a frontend: the client's direction of a tracked flow, or a
         // new one.
-        return match known_flow(&ctx, &p, now, false) {
+        return match known_flow(&ctx, &p, false) {
             Some(verdict) => verdict,
-            None if hdr.count == 0 => no_endpoint(&ctx, &p, &hdr, now),
-            None => new_flow(&ctx, &p, &hdr, now),
+            None if hdr.count == 0 => no_endpoint(&ctx, &p, &hdr, now_ns()),
+            None => new_flow(&ctx, &p, &hdr, now_ns()),
         };
     }
     // Replies of remote backends come back to a SNAT port; anything else
-    // is no service's and has cost the one lookup above.
+    // is no service's and has cost the one lookup above (and no clock
+    // read: the time is read only for a packet that has a flow).
     let dport = u16::from_be(p.dport);
     if (SNAT_PORT_MIN..=SNAT_PORT_MAX).contains(&dport) {
-        return known_flow(&ctx, &p, now, false).unwrap_or(TCX_NEXT);
+        return known_flow(&ctx, &p, false).unwrap_or(TCX_NEXT);
     }
     TCX_NEXT
 }
@@ -203,11 +202,10 @@ pub fn ekp_tc_egress(ctx: TcContext) -> i32 {
     let Some(mut p) = parse(&ctx) else {
         return TCX_NEXT;
     };
-    let now = now_ns();
     if p.sport == 0 && p.dport == 0 {
-        return without_ports(&ctx, &mut p, now, true);
+        return without_ports(&ctx, &mut p, true);
     }
-    known_flow(&ctx, &p, now, true).unwrap_or(TCX_NEXT)
+    known_flow(&ctx, &p, true).unwrap_or(TCX_NEXT)
 }
 
 /// A packet without ports of its own: an ICMP error (translated when it is
@@ -215,12 +213,12 @@ pub fn ekp_tc_egress(ctx: TcContext) -> i32 {
 /// its first fragment was), or a datagram to port 0 (no service's). One
 /// lookup when it is no service's.
 #[inline(always)]
-fn without_ports(ctx: &TcContext, p: &mut Pkt, now: u64, egress: bool) -> i32 {
+fn without_ports(ctx: &TcContext, p: &mut Pkt, egress: bool) -> i32 {
     if p.proto != PROTO_TCP && p.proto != PROTO_UDP {
-        return icmp::error(ctx, p, now, egress);
+        return icmp::error(ctx, p, now_ns(), egress);
     }
     if p.frag == FRAG_LATER && frag::place(p) {
-        return known_flow(ctx, p, now, egress).unwrap_or(TCX_NEXT);
+        return known_flow(ctx, p, egress).unwrap_or(TCX_NEXT);
     }
     TCX_NEXT
 }

@@ -15,7 +15,7 @@ use proxy_common::{
 
 use super::rewrite::{route, translate};
 use super::{
-    count, frontend_key, reject, Pkt, Tuple, CT_REFRESH_NS, DROP, EKP_CT, EKP_EXT_AFFINITY,
+    count, frontend_key, now_ns, reject, Pkt, Tuple, CT_REFRESH_NS, DROP, EKP_CT, EKP_EXT_AFFINITY,
     EKP_IFACES, EKP_SRC_RANGES, SNAT_PORT_TRIES, TCP_FIN, TCP_RST, TCX_NEXT,
 };
 use crate::{random_slot, EKP_BACKENDS, NSEC_PER_SEC};
@@ -23,8 +23,8 @@ use crate::{random_slot, EKP_BACKENDS, NSEC_PER_SEC};
 /// A packet of a tracked flow: translated as its entry says. `None` when
 /// the flow is not tracked (or its entry has expired).
 #[inline(never)]
-pub(super) fn known_flow(ctx: &TcContext, p: &Pkt, now: u64, egress: bool) -> Option<i32> {
-    let v = ct_lookup(p, now)?;
+pub(super) fn known_flow(ctx: &TcContext, p: &Pkt, egress: bool) -> Option<i32> {
+    let v = ct_lookup(p)?;
     let t = Tuple {
         saddr: v.saddr,
         daddr: v.daddr,
@@ -58,8 +58,11 @@ fn ct_key(p: &Pkt) -> CtKey {
 /// The live conntrack entry of a packet, refreshed; `None` when there is
 /// none or it has been idle longer than its timeout.
 #[inline(always)]
-fn ct_lookup(p: &Pkt, now: u64) -> Option<CtValue> {
+fn ct_lookup(p: &Pkt) -> Option<CtValue> {
     let ptr = EKP_CT.get_ptr_mut(ct_key(p))?;
+    // Read only now: a packet of no tracked flow (most of what leaves
+    // the node) costs the lookup alone.
+    let now = now_ns();
     // SAFETY: a pointer into an LRU map value; the entry may be updated
     // concurrently by another CPU, which at worst loses a refresh.
     let v = unsafe { &mut *ptr };
