@@ -42,20 +42,11 @@ impl<'de, 'p> Deserializer<'de> for ValueDe<'p, 'de> {
             }
             Node::FlowSeq { block } => {
                 self.p.enter()?;
-                visitor.visit_seq(FlowSeq {
-                    p: self.p,
-                    block,
-                    first: true,
-                })
+                visitor.visit_seq(Flow::new(self.p, b']', block))
             }
             Node::FlowMap { block } => {
                 self.p.enter()?;
-                visitor.visit_map(FlowMap {
-                    p: self.p,
-                    block,
-                    first: true,
-                    keys: Keys::default(),
-                })
+                visitor.visit_map(Flow::new(self.p, b'}', block))
             }
         }
     }
@@ -135,6 +126,22 @@ impl<'a> Keys<'a> {
     }
 }
 
+/// The node after a block collection's indicator (a key's `:`, ending at
+/// `after`, or an entry's `- `): on the lines below when nothing but a
+/// comment follows on this one, else on this line. `in_map`: a mapping's
+/// value (else a sequence entry, which cannot be a `-` again on its line).
+fn block_value<'a>(p: &mut P<'a>, after: usize, indent: usize, in_map: bool) -> R<Node<'a>> {
+    p.skip_spaces();
+    match p.byte(p.pos) {
+        None | Some(b'\n' | b'\r') => {}
+        Some(b'#') if p.pos > after => {}
+        Some(b'-') if !in_map && p.ends_token(p.pos + 1) => return Err(Unsupported),
+        Some(_) => return p.inline(!in_map),
+    }
+    p.end_line()?;
+    p.next_lines(indent, in_map)
+}
+
 struct BlockMap<'p, 'a> {
     p: &'p mut P<'a>,
     indent: usize,
@@ -169,19 +176,7 @@ impl<'de> MapAccess<'de> for BlockMap<'_, 'de> {
 
     fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> R<V::Value> {
         let p = &mut *self.p;
-        let after_colon = p.pos;
-        p.skip_spaces();
-        let node = match p.byte(p.pos) {
-            None | Some(b'\n' | b'\r') => {
-                p.end_line()?;
-                p.next_lines(self.indent, true)?
-            }
-            Some(b'#') if p.pos > after_colon => {
-                p.end_line()?;
-                p.next_lines(self.indent, true)?
-            }
-            Some(_) => p.inline(false)?,
-        };
+        let node = block_value(p, p.pos, self.indent, true)?;
         seed.deserialize(ValueDe { p, node })
     }
 }
@@ -211,79 +206,48 @@ impl<'de> SeqAccess<'de> for BlockSeq<'_, 'de> {
             return Ok(None);
         }
         p.pos += self.indent + 1;
-        let after_dash = p.pos;
-        p.skip_spaces();
-        let node = match p.byte(p.pos) {
-            None | Some(b'\n' | b'\r') => {
-                p.end_line()?;
-                p.next_lines(self.indent, false)?
-            }
-            Some(b'#') if p.pos > after_dash => {
-                p.end_line()?;
-                p.next_lines(self.indent, false)?
-            }
-            Some(b'-') if p.ends_token(p.pos + 1) => return Err(Unsupported),
-            Some(_) => p.inline(true)?,
-        };
+        let node = block_value(p, p.pos, self.indent, false)?;
         seed.deserialize(ValueDe { p, node }).map(Some)
     }
 }
 
-struct FlowSeq<'p, 'a> {
+/// A flow collection, `[...]` (a sequence) or `{...}` (a mapping, whose
+/// keys are checked for duplicates).
+struct Flow<'p, 'a> {
     p: &'p mut P<'a>,
-    block: bool,
-    first: bool,
-}
-
-impl<'de> SeqAccess<'de> for FlowSeq<'_, 'de> {
-    type Error = Unsupported;
-
-    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> R<Option<T::Value>> {
-        let p = &mut *self.p;
-        p.skip_spaces();
-        if p.byte(p.pos) == Some(b']') {
-            p.pos += 1;
-            p.depth -= 1;
-            if self.block {
-                p.end_line()?;
-            }
-            return Ok(None);
-        }
-        if !std::mem::take(&mut self.first) {
-            if p.byte(p.pos) != Some(b',') {
-                return Err(Unsupported);
-            }
-            p.pos += 1;
-            p.skip_spaces();
-            if p.byte(p.pos) == Some(b']') {
-                return Err(Unsupported);
-            }
-        }
-        let node = p.flow()?;
-        seed.deserialize(ValueDe { p, node }).map(Some)
-    }
-}
-
-struct FlowMap<'p, 'a> {
-    p: &'p mut P<'a>,
+    /// `]` or `}`.
+    close: u8,
+    /// Whether the collection ends its block line.
     block: bool,
     first: bool,
     keys: Keys<'a>,
 }
 
-impl<'de> MapAccess<'de> for FlowMap<'_, 'de> {
-    type Error = Unsupported;
+impl<'p, 'a> Flow<'p, 'a> {
+    fn new(p: &'p mut P<'a>, close: u8, block: bool) -> Self {
+        Flow {
+            p,
+            close,
+            block,
+            first: true,
+            keys: Keys::default(),
+        }
+    }
 
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> R<Option<K::Value>> {
+    /// Before the next entry: `true` at the closing bracket (read, with
+    /// the rest of its line for a collection that ends a block line), else
+    /// past the `,` that separates it from the one before. A `,` right
+    /// before the bracket is [`Unsupported`].
+    fn at_end(&mut self) -> R<bool> {
         let p = &mut *self.p;
         p.skip_spaces();
-        if p.byte(p.pos) == Some(b'}') {
+        if p.byte(p.pos) == Some(self.close) {
             p.pos += 1;
             p.depth -= 1;
             if self.block {
                 p.end_line()?;
             }
-            return Ok(None);
+            return Ok(true);
         }
         if !std::mem::take(&mut self.first) {
             if p.byte(p.pos) != Some(b',') {
@@ -291,16 +255,46 @@ impl<'de> MapAccess<'de> for FlowMap<'_, 'de> {
             }
             p.pos += 1;
             p.skip_spaces();
+            if p.byte(p.pos) == Some(self.close) {
+                return Err(Unsupported);
+            }
         }
-        let key = p.key(true)?;
+        Ok(false)
+    }
+
+    fn value<S: DeserializeSeed<'a>>(&mut self, seed: S) -> R<S::Value> {
+        let p = &mut *self.p;
+        let node = p.flow()?;
+        seed.deserialize(ValueDe { p, node })
+    }
+}
+
+impl<'de> SeqAccess<'de> for Flow<'_, 'de> {
+    type Error = Unsupported;
+
+    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> R<Option<T::Value>> {
+        if self.at_end()? {
+            return Ok(None);
+        }
+        self.value(seed).map(Some)
+    }
+}
+
+impl<'de> MapAccess<'de> for Flow<'_, 'de> {
+    type Error = Unsupported;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> R<Option<K::Value>> {
+        if self.at_end()? {
+            return Ok(None);
+        }
+        // A `}` after the `,` is refused by at_end as the key would be.
+        let key = self.p.key(true)?;
         self.keys.insert(key.clone())?;
         seed.deserialize(KeyDe(key)).map(Some)
     }
 
     fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> R<V::Value> {
-        let p = &mut *self.p;
-        p.skip_spaces();
-        let node = p.flow()?;
-        seed.deserialize(ValueDe { p, node })
+        self.p.skip_spaces();
+        self.value(seed)
     }
 }
