@@ -16,7 +16,10 @@ use aya::maps::{HashMap, Map, MapData};
 use aya::Pod;
 use ebpf_kube_proxy::apply::Applier;
 use ebpf_kube_proxy::datapath::ebpf::codec::{encode_ip, Scope, Vip};
-use ebpf_kube_proxy::datapath::ebpf::EbpfDatapath;
+use ebpf_kube_proxy::datapath::ebpf::drift::stale;
+use ebpf_kube_proxy::datapath::ebpf::maps::KernelMaps;
+use ebpf_kube_proxy::datapath::ebpf::{desired, EbpfDatapath};
+use ebpf_kube_proxy::model::claims::Claims;
 use ebpf_kube_proxy::model::{testing, EndpointConditions, EndpointScopes, LocalState};
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, CtKey, CtValue, ExtAffinityKey, RevNatKey, RevNatValue,
@@ -200,6 +203,20 @@ fn stale_entries_of_a_removed_backend_are_removed_and_live_ones_stay() {
     for (k, v) in flows.iter().flatten() {
         ct.insert(k, v, 0).unwrap();
     }
+
+    // Judged while an apply wrote the view meanwhile: nothing is deleted
+    // nor reported (the next check looks again).
+    let view = KernelMaps::from_pins(&env.bpffs)
+        .and_then(|m| m.read_view())
+        .expect("the maps read back");
+    let removed = state(true);
+    let wanted = || desired::desired_state(&removed, &Claims::of(&removed), &[]);
+    let live_view = stale::Live::new(&view, &wanted, &|_| None);
+    let outdated = stale::sweep(&env.bpffs, &live_view, &|| false).expect("a sweep");
+    assert!(outdated.is_empty(), "{outdated:#?}");
+    assert!(revnat.get(&rkey(2, "127.0.0.2"), 0).is_ok());
+    assert!(ext_affinity.get(&ekey("198.51.100.2"), 0).is_ok());
+    assert!(ct.get(&flows[1][0].0, 0).is_ok());
 
     let check = dp.drift_check().expect("a check beside the applies");
     let drifts = check().expect("the check ran");
