@@ -31,6 +31,8 @@ use std::collections::BTreeMap;
 
 use prost::bytes::Bytes;
 
+pub mod read;
+
 /// The content type of the protobuf encoding.
 pub const CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
 

@@ -193,12 +193,32 @@ pub fn rows(w: &Wire) -> Vec<String> {
     ]
 }
 
+/// Set (to anything), the run directory is kept: the answers in each
+/// encoding and the decoder, to profile it (`perf record DIR/kube_wire 3
+/// services=DIR/services.protobuf ...`).
+const KEEP: &str = "KUBE_WIRE_KEEP";
+/// A decoder already built (`cargo build --release -p proxy-userspace
+/// --example kube_wire`, copied out of the target directory), used as it
+/// is: to compare two builds, or to measure without rebuilding.
+const DECODER: &str = "KUBE_WIRE_DECODER";
+
 /// `cargo xtask bench --only kube-wire`: the rows at `scale`.
 pub fn bench(root: &Path, scale: Scale) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("ekp-kube-wire-{}", std::process::id()));
     std::fs::create_dir_all(&dir).context("creating the run directory")?;
-    let result = build_decoder(root, &dir).and_then(|decoder| measure(&decoder, &dir, scale));
-    let _ = std::fs::remove_dir_all(&dir);
+    let decoder = match std::env::var_os(DECODER) {
+        Some(path) => Ok(PathBuf::from(path)),
+        None => build_decoder(root, &dir),
+    };
+    let result = decoder.and_then(|decoder| measure(&decoder, &dir, scale));
+    if std::env::var_os(KEEP).is_some() {
+        println!(
+            "{KEEP}: the answers and the decoder are kept in {}",
+            dir.display()
+        );
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     let wire = result?;
     println!(
         "\nkube source encodings, {} services / {} endpoints, Service and EndpointSlice lists (least CPU of {RUNS} reads)",

@@ -3,11 +3,14 @@
 //! The watcher (its lists with `continue`, its watches with bookmarks, its
 //! 410 relists and backoff) reads JSON only. Rather than a second watcher,
 //! a protobuf answer is re-framed as the JSON the watcher reads, with each
-//! object left in protobuf: a list becomes `{"apiVersion", "kind",
-//! "metadata", "items": [...]}` and a watch frame one line `{"type",
-//! "object"}`, each object a JSON string holding [`MARK`] and the
-//! object's message in base64 ([`super::raw::RawObject`] takes it as
-//! such and [`super::pb`] decodes it). Bookmarks carry their
+//! object left in protobuf and out of the JSON: a list becomes
+//! `{"apiVersion", "kind", "metadata", "items": [...]}` and a watch frame
+//! one line `{"type", "object"}`, each object a short JSON string, a
+//! token ([`MARK`], then the numbers of the answer and of the object)
+//! naming the object's message, which waits in [`CARRIED`] for
+//! [`super::raw::RawObject`] to take it as the watcher reads the JSON
+//! ([`super::pb`] then reads the message). The JSON stays a few bytes an
+//! object and no message is copied: an item is a slice of the answer. Bookmarks carry their
 //! resourceVersion and `Status` objects (an ERROR event, an error answer)
 //! are turned into JSON: the watcher reads them.
 //!
@@ -17,7 +20,9 @@
 
 use std::sync::Arc;
 
-use base64::Engine as _;
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
 use bytes::{Buf, Bytes, BytesMut};
 use prost::Message;
 use proto::k8s as pb;
@@ -30,38 +35,105 @@ use super::events::UnknownEvents;
 /// alone one starting with NUL) and a name.
 pub(super) const MARK: &str = "\\u0000k8s-pb:";
 
-const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
-
 /// A watch frame longer than this is refused (etcd stores objects of at
 /// most 1.5 MiB; a length past this is a stream out of step).
 const MAX_FRAME: usize = 64 << 20;
 
-/// `bytes` as the JSON string [`object_bytes`] reads back.
-pub(super) fn push_object(out: &mut Vec<u8>, bytes: &[u8]) {
-    out.push(b'"');
-    out.extend_from_slice(MARK.as_bytes());
-    let start = out.len();
-    out.resize(start + bytes.len().div_ceil(3) * 4, 0);
-    let n = BASE64
-        .encode_slice(bytes, &mut out[start..])
-        .expect("sized for the encoding");
-    out.truncate(start + n);
-    out.push(b'"');
+/// The messages of answers re-framed and not read yet.
+static CARRIED: Mutex<Carried> = Mutex::new(Carried {
+    next: 0,
+    answers: VecDeque::new(),
+});
+
+/// Answers whose messages are held at most. kube-rs reads a list's JSON
+/// as soon as it has the body, and a watch response's lines before it
+/// asks for the next chunk, so each watch holds one or two and a list
+/// one: an answer is dropped here only when what was to read it went
+/// away (a watch ended with lines unread), and a token of an answer gone
+/// is refused as undecodable, never read as something else.
+const MAX_ANSWERS: usize = 64;
+
+struct Carried {
+    next: u64,
+    answers: VecDeque<Answer>,
 }
 
-/// The protobuf bytes of an object carried as [`push_object`] wrote it,
-/// given the object's JSON text; `None` when it is not one.
+/// One answer's messages, each taken once.
+struct Answer {
+    id: u64,
+    items: Vec<Option<Bytes>>,
+    left: usize,
+}
+
+impl Carried {
+    /// Holds `items` as the answer `id`.
+    fn hold(&mut self, id: u64, items: Vec<Bytes>) {
+        if items.is_empty() {
+            return;
+        }
+        if self.answers.len() >= MAX_ANSWERS {
+            self.answers.pop_front();
+        }
+        self.answers.push_back(Answer {
+            id,
+            left: items.len(),
+            items: items.into_iter().map(Some).collect(),
+        });
+    }
+
+    fn take(&mut self, id: u64, index: usize) -> Option<Bytes> {
+        let at = self.answers.iter().rposition(|a| a.id == id)?;
+        let answer = &mut self.answers[at];
+        let item = answer.items.get_mut(index)?.take()?;
+        answer.left -= 1;
+        if answer.left == 0 {
+            self.answers.remove(at);
+        }
+        Some(item)
+    }
+}
+
+fn carried() -> std::sync::MutexGuard<'static, Carried> {
+    // Nothing panics while holding it; a poisoned lock holds whole answers.
+    CARRIED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The number of a new answer.
+fn answer_id() -> u64 {
+    let mut c = carried();
+    c.next += 1;
+    c.next
+}
+
+/// The token of object `index` of answer `id`, as a JSON string.
+fn push_token(out: &mut Vec<u8>, id: u64, index: usize) {
+    use std::io::Write as _;
+    write!(out, "\"{MARK}{id}:{index}\"").expect("a Vec grows as needed");
+}
+
+/// `bytes` carried as one object: its token, as a JSON string, for
+/// [`object_bytes`] to take back (tests build carried objects with it).
+#[cfg(test)]
+pub(super) fn push_object(out: &mut Vec<u8>, bytes: &[u8]) {
+    let id = answer_id();
+    carried().hold(id, vec![Bytes::copy_from_slice(bytes)]);
+    push_token(out, id, 0);
+}
+
+/// The protobuf message of an object carried as a token, given the
+/// object's JSON text; `None` when it is not one. A token is taken once.
 pub(super) fn object_bytes(json: &str) -> Option<Result<Bytes, String>> {
-    let b64 = json
+    let token = json
         .strip_prefix('"')?
         .strip_prefix(MARK)?
         .strip_suffix('"')?;
-    Some(
-        BASE64
-            .decode(b64)
-            .map(Bytes::from)
-            .map_err(|e| format!("protobuf object in base64: {e}")),
-    )
+    let taken = token
+        .split_once(':')
+        .and_then(|(id, index)| Some((id.parse().ok()?, index.parse().ok()?)))
+        .and_then(|(id, index)| carried().take(id, index));
+    Some(taken.ok_or_else(|| format!("protobuf object {token:?} is not held (any more)")))
 }
 
 /// Whether a response's `Content-Type` is the protobuf encoding.
@@ -108,18 +180,19 @@ pub(super) fn answer_to_json(body: &Bytes) -> Result<Vec<u8>, String> {
     }
     let head = json!({"apiVersion": opened.api_version, "kind": opened.kind, "metadata": metadata})
         .to_string();
-    let items_len: usize = list.items.iter().map(|i| i.len() * 4 / 3 + 24).sum();
-    let mut out = Vec::with_capacity(head.len() + 16 + items_len);
+    let id = answer_id();
+    let mut out = Vec::with_capacity(head.len() + 16 + list.items.len() * 32);
     // `{...}` → `{...,"items":[a,b]}`
     out.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
     out.extend_from_slice(b",\"items\":[");
-    for (i, item) in list.items.iter().enumerate() {
+    for i in 0..list.items.len() {
         if i > 0 {
             out.push(b',');
         }
-        push_object(&mut out, item);
+        push_token(&mut out, id, i);
     }
     out.extend_from_slice(b"]}");
+    carried().hold(id, list.items);
     Ok(out)
 }
 
@@ -164,6 +237,7 @@ impl WatchFrames {
         if self.failed {
             return Bytes::new();
         }
+        let mut objects = (answer_id(), Vec::new());
         self.buf.extend_from_slice(data);
         while self.buf.len() >= 4 {
             let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]);
@@ -181,13 +255,14 @@ impl WatchFrames {
             self.buf.advance(4);
             let frame = self.buf.split_to(len).freeze();
             match pb::WatchEvent::decode(frame) {
-                Ok(event) => self.event(event, &mut out),
+                Ok(event) => self.event(event, &mut out, &mut objects),
                 Err(e) => {
                     self.fail(&mut out, &format!("WatchEvent: {e}"));
                     break;
                 }
             }
         }
+        carried().hold(objects.0, objects.1);
         Bytes::from(out)
     }
 
@@ -215,7 +290,9 @@ impl WatchFrames {
         out.push(b'\n');
     }
 
-    fn event(&mut self, event: pb::WatchEvent, out: &mut Vec<u8>) {
+    /// Writes `event`'s line; its object joins `objects` (the answer
+    /// number this chunk's objects are held under, and them).
+    fn event(&mut self, event: pb::WatchEvent, out: &mut Vec<u8>, objects: &mut (u64, Vec<Bytes>)) {
         let event_type = event.r#type.unwrap_or_default();
         let raw = event.object.and_then(|o| o.raw).unwrap_or_default();
         match event_type.as_str() {
@@ -223,7 +300,8 @@ impl WatchFrames {
                 out.extend_from_slice(b"{\"type\":\"");
                 out.extend_from_slice(event_type.as_bytes());
                 out.extend_from_slice(b"\",\"object\":");
-                push_object(out, &raw);
+                push_token(out, objects.0, objects.1.len());
+                objects.1.push(raw);
                 out.extend_from_slice(b"}\n");
             }
             "BOOKMARK" => {
@@ -265,19 +343,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_object_travels_through_its_json_string_unchanged() {
+    fn an_object_travels_past_the_json_unchanged_and_once() {
         for bytes in [&b""[..], b"\0", b"k8s\0\x01\xff", &[7u8; 1000][..]] {
             let mut out = Vec::new();
             push_object(&mut out, bytes);
-            let text = String::from_utf8(out).expect("base64 is ASCII");
-            // It is one JSON string.
+            let text = String::from_utf8(out).expect("a token is ASCII");
+            // It is one short JSON string.
             let s: String = serde_json::from_str(&text).expect("a JSON string");
-            assert!(s.starts_with("\0k8s-pb:"), "{s:?}");
-            let back = object_bytes(&text).expect("marked").expect("decodes");
+            assert!(s.starts_with("\0k8s-pb:") && s.len() < 40, "{s:?}");
+            let back = object_bytes(&text).expect("marked").expect("held");
             assert_eq!(&back[..], bytes);
+            let again = object_bytes(&text).expect("marked").unwrap_err();
+            assert!(again.ends_with("is not held (any more)"), "{again}");
         }
         assert!(object_bytes(r#""plain""#).is_none());
         assert!(object_bytes(r#"{"a":1}"#).is_none());
+        let forged = format!("\"{MARK}x:1\"");
+        assert!(object_bytes(&forged).expect("marked").is_err());
+    }
+
+    #[test]
+    fn a_lists_items_are_slices_of_the_answer() {
+        let items: Vec<Bytes> = (0..3u8).map(|i| Bytes::from(vec![i; 10])).collect();
+        let list = pb::RawList {
+            metadata: Some(pb::ListMeta {
+                resource_version: Some("9".into()),
+                ..pb::ListMeta::default()
+            }),
+            items,
+        };
+        let body = Bytes::from(pb::enveloped("v1", "ServiceList", &list.encode_to_vec()));
+        let json = answer_to_json(&body).expect("a list");
+        let v: serde_json::Value = serde_json::from_slice(&json).expect("JSON");
+        assert_eq!(v["metadata"]["resourceVersion"], "9");
+        let items = v["items"].as_array().expect("items");
+        assert_eq!(items.len(), 3);
+        let range = body.as_ptr_range();
+        for (i, item) in items.iter().enumerate() {
+            let back = object_bytes(&item.to_string())
+                .expect("marked")
+                .expect("held");
+            assert_eq!(&back[..], &[i as u8; 10][..]);
+            assert!(range.contains(&back.as_ptr()), "item {i} was copied");
+        }
     }
 
     fn frame(event: &pb::WatchEvent) -> Vec<u8> {
@@ -327,6 +435,8 @@ mod tests {
             let item = lines[0]["object"].to_string();
             let back = object_bytes(&item).unwrap().unwrap();
             assert_eq!(&back[..], &object[..]);
+            let deleted = lines[1]["object"].to_string();
+            assert_eq!(&object_bytes(&deleted).unwrap().unwrap()[..], &object[..]);
         }
     }
 }

@@ -180,7 +180,7 @@ impl<'de, K: Watched> serde::de::Visitor<'de> for ObjectVisitor<K> {
                         Err(bytes) => Content::Checked(RawObject::<K>::check_pb(&bytes)),
                     },
                     Some(Err(reason)) => Content::Checked(RawObject::<K>::refused_pb(
-                        &Bytes::new(),
+                        &[],
                         ObjectError {
                             field: "object".to_owned(),
                             reason,
@@ -226,19 +226,15 @@ impl<K: Watched> RawObject<K> {
         }
     }
 
-    /// Checks an object read from protobuf: its message decoded
+    /// Checks an object read from protobuf: its message read
     /// ([`pbwire`]) into the wire type the JSON path reads, then checked
     /// as that is.
     fn check_pb(bytes: &Bytes) -> Checked {
         let message = match pbwire::message_of::<K>(bytes) {
             Ok(m) => m,
-            Err(error) => return Self::refused_pb(&Bytes::new(), error),
+            Err(error) => return Self::refused_pb(&[], error),
         };
-        let pb = match pbwire::decode::<K>(message.clone()) {
-            Ok(pb) => pb,
-            Err(error) => return Self::refused_pb(&message, error),
-        };
-        let checked = match K::wire(&pb) {
+        let checked = match K::wire(&message) {
             Ok(wire) => Self::typed(wire),
             Err(error) => Self::refused_pb(&message, error),
         };
@@ -247,12 +243,16 @@ impl<K: Watched> RawObject<K> {
 
     /// An object read from protobuf that failed before its checks, named
     /// by what of its head `message` holds.
-    fn refused_pb(message: &Bytes, error: ObjectError) -> Checked {
-        let head = pbwire::head(message).unwrap_or_default();
-        let reference =
-            objects::object_ref_of(K::KIND, head.name.as_deref(), head.namespace.as_deref());
+    fn refused_pb(message: &[u8], error: ObjectError) -> Checked {
+        let head = pbwire::head(message);
+        let head = head.as_ref();
+        let reference = objects::object_ref_of(
+            K::KIND,
+            head.and_then(|h| h.name),
+            head.and_then(|h| h.namespace),
+        );
         Checked {
-            resource_version: head.resource_version,
+            resource_version: head.and_then(|h| h.resource_version).map(str::to_owned),
             decoded: Err(Rejection {
                 object: reference.clone().ok(),
                 error,
@@ -316,13 +316,8 @@ impl<K: Watched> RawObject<K> {
             Content::Proto(waiting) => {
                 let message = pbwire::message_of::<K>(&waiting.0).ok()?;
                 let head = pbwire::head(&message)?;
-                let rv = known::version(head.resource_version.as_deref())?;
-                let reference = objects::object_ref_of(
-                    K::KIND,
-                    head.name.as_deref(),
-                    head.namespace.as_deref(),
-                )
-                .ok()?;
+                let rv = known::version(head.resource_version)?;
+                let reference = objects::object_ref_of(K::KIND, head.name, head.namespace).ok()?;
                 Some((reference, rv))
             }
             Content::Text(waiting) => {
@@ -401,8 +396,7 @@ impl<K: Watched> Resource for RawObject<K> {
                 Content::Text(waiting) => resource_version_of(&waiting.0),
                 Content::Proto(waiting) => pbwire::message_of::<K>(&waiting.0)
                     .ok()
-                    .and_then(|m| pbwire::head(&m))
-                    .and_then(|h| h.resource_version),
+                    .and_then(|m| pbwire::head(&m)?.resource_version.map(str::to_owned)),
                 Content::Checked(c) => c.resource_version.clone(),
             };
             Box::new(ObjectMeta {
