@@ -7,18 +7,29 @@
 //! port reaches a live backend (or is refused when there is none), and a
 //! TCP segment reaches a backend without the connection, which answers
 //! with a RST. Endpoints that terminate but still serve keep their flows.
+//!
+//! A TCP flow's reply entry is not deleted but marked closing, so it
+//! lapses once the backend has been silent for `CT_TIMEOUT_TCP_CLOSING`:
+//! a backend that has acknowledged a request and answers it after the
+//! apply still reaches its client. Deleted with the flow, the answer left
+//! untranslated, the client dropped it and, having nothing more to send
+//! (its request was acknowledged), waited silently for an answer that
+//! never came (the `sync-under-load` bench's hung NodePort connections).
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use proxy_common::{CtKey, CtValue, CT_F_ORIGINAL, MAP_CT};
+use proxy_common::{CtKey, CtValue, CT_F_CLOSING, CT_F_ORIGINAL, MAP_CT, PROTO_TCP};
 
 use super::codec::{decode_ip, Scope, Vip};
 use super::maps::open_pinned;
 use super::plan::{Change, Programmed};
 use super::{chain, EbpfError};
+
+/// `bpf_map_update_elem` flag: only an existing entry is updated.
+const BPF_EXIST: u64 = 2;
 
 /// External frontends that lost backends in an apply, with the backends
 /// their flows may keep.
@@ -122,9 +133,18 @@ impl StaleFlows {
                 family: k.family,
                 _pad: 0,
             };
-            for key in [k, &reply] {
-                // Gone already (expired, evicted): nothing to do.
-                let _ = ct.remove(key);
+            // Gone already (expired, evicted): nothing to do.
+            let _ = ct.remove(k);
+            if k.proto != PROTO_TCP {
+                let _ = ct.remove(&reply);
+                continue;
+            }
+            if let Ok(mut r) = ct.get(&reply, 0) {
+                if r.flags & CT_F_ORIGINAL == 0 {
+                    r.flags |= CT_F_CLOSING;
+                    // A reply entry evicted meanwhile stays gone.
+                    let _ = ct.insert(reply, r, BPF_EXIST);
+                }
             }
         }
         Ok(stale.len())

@@ -37,7 +37,7 @@ use std::path::Path;
 use aya::maps::MapData;
 use proxy_common::{
     AffinityKey, AffinityValue, CtKey, CtValue, ExtAffinityKey, RevNatKey, RevNatValue,
-    CT_F_ORIGINAL, MAP_AFFINITY, MAP_CT, MAP_EXT_AFFINITY, MAP_REVNAT,
+    CT_F_CLOSING, CT_F_ORIGINAL, MAP_AFFINITY, MAP_CT, MAP_EXT_AFFINITY, MAP_REVNAT,
 };
 
 use super::super::batch;
@@ -392,9 +392,11 @@ fn judge_ct(
         sock(dst, k.dport)
     );
     if v.flags & CT_F_ORIGINAL == 0 {
-        // A reply: its key's source is the backend.
+        // A reply: its key's source is the backend. One marked closing is
+        // kept on purpose by `ctflush` for a TCP flow whose backend left
+        // (its answers still reach the client) and lapses by itself.
         let backend = sock(src, k.sport);
-        if !live.backend_live(backend) {
+        if v.flags & CT_F_CLOSING == 0 && !live.backend_live(backend) {
             s.keys.push(*k);
             orphans.push((
                 *k,
