@@ -19,6 +19,10 @@
 //! complete messages allocates every field of an object (managed fields,
 //! annotations, container specs, status) that the proxy then drops. These
 //! messages add about a second to the build and decode only what is read.
+//! The kube source reads the two kinds that grow with the cluster,
+//! Services and EndpointSlices, in place with [`read`] (no allocation per
+//! string); these messages encode them (the fake API server) and decode
+//! the rest (Nodes, Pods, lists, watch events, `Status`).
 //!
 //! Wire format of a response (`k8s.io/apimachinery/pkg/runtime/serializer/protobuf`):
 //! the four bytes [`MAGIC`] and then a [`Unknown`] whose `raw` is the
@@ -39,6 +43,20 @@ pub const CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
 /// The first four bytes of every enveloped message: `k8s\0`.
 pub const MAGIC: [u8; 4] = *b"k8s\0";
 
+/// A message of optional strings only: `field = "tag"`.
+macro_rules! strings {
+    ($(#[$doc:meta])* $name:ident { $($field:ident = $tag:tt),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, prost::Message)]
+        pub struct $name {
+            $(
+                #[prost(string, optional, tag = $tag)]
+                pub $field: Option<String>,
+            )*
+        }
+    };
+}
+
 /// `runtime.Unknown`: the envelope.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Unknown {
@@ -52,14 +70,13 @@ pub struct Unknown {
     pub content_type: Option<String>,
 }
 
-/// `runtime.TypeMeta`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct TypeMeta {
-    #[prost(string, optional, tag = "1")]
-    pub api_version: Option<String>,
-    #[prost(string, optional, tag = "2")]
-    pub kind: Option<String>,
-}
+strings!(
+    /// `runtime.TypeMeta`.
+    TypeMeta {
+        api_version = "1",
+        kind = "2",
+    }
+);
 
 /// Why an envelope could not be opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,15 +209,13 @@ pub struct ObjectHead {
     pub metadata: Option<MetaHead>,
 }
 
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct MetaHead {
-    #[prost(string, optional, tag = "1")]
-    pub name: Option<String>,
-    #[prost(string, optional, tag = "3")]
-    pub namespace: Option<String>,
-    #[prost(string, optional, tag = "6")]
-    pub resource_version: Option<String>,
-}
+strings!(
+    MetaHead {
+        name = "1",
+        namespace = "3",
+        resource_version = "6",
+    }
+);
 
 /// `meta.v1.ObjectMeta`.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -243,16 +258,27 @@ pub struct IntOrString {
     pub str_val: Option<String>,
 }
 
-/// `core.v1.Service`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Service {
-    #[prost(message, optional, tag = "1")]
-    pub metadata: Option<ObjectMeta>,
-    #[prost(message, optional, tag = "2")]
-    pub spec: Option<ServiceSpec>,
-    #[prost(message, optional, tag = "3")]
-    pub status: Option<ServiceStatus>,
+/// An API object of the shape metadata, spec, status (fields 1, 2, 3 of
+/// `core.v1.Service`, `Node` and `Pod` alike).
+macro_rules! object {
+    ($(#[$doc:meta])* $name:ident, $spec:ident, $status:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, prost::Message)]
+        pub struct $name {
+            #[prost(message, optional, tag = "1")]
+            pub metadata: Option<ObjectMeta>,
+            #[prost(message, optional, tag = "2")]
+            pub spec: Option<$spec>,
+            #[prost(message, optional, tag = "3")]
+            pub status: Option<$status>,
+        }
+    };
 }
+
+object!(
+    /// `core.v1.Service`.
+    Service, ServiceSpec, ServiceStatus
+);
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ServiceSpec {
@@ -324,13 +350,12 @@ pub struct LoadBalancerStatus {
     pub ingress: Vec<LoadBalancerIngress>,
 }
 
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct LoadBalancerIngress {
-    #[prost(string, optional, tag = "1")]
-    pub ip: Option<String>,
-    #[prost(string, optional, tag = "3")]
-    pub ip_mode: Option<String>,
-}
+strings!(
+    LoadBalancerIngress {
+        ip = "1",
+        ip_mode = "3",
+    }
+);
 
 /// `discovery.v1.EndpointSlice`.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -381,25 +406,22 @@ pub struct EndpointHints {
     pub for_nodes: Vec<Named>,
 }
 
-/// `ForZone` and `ForNode`: a name.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Named {
-    #[prost(string, optional, tag = "1")]
-    pub name: Option<String>,
-}
+strings!(
+    /// `ForZone` and `ForNode`: a name.
+    Named {
+        name = "1",
+    }
+);
 
-/// `core.v1.ObjectReference`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct ObjectReference {
-    #[prost(string, optional, tag = "1")]
-    pub kind: Option<String>,
-    #[prost(string, optional, tag = "2")]
-    pub namespace: Option<String>,
-    #[prost(string, optional, tag = "3")]
-    pub name: Option<String>,
-    #[prost(string, optional, tag = "4")]
-    pub uid: Option<String>,
-}
+strings!(
+    /// `core.v1.ObjectReference`.
+    ObjectReference {
+        kind = "1",
+        namespace = "2",
+        name = "3",
+        uid = "4",
+    }
+);
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct EndpointPort {
@@ -413,16 +435,10 @@ pub struct EndpointPort {
     pub app_protocol: Option<String>,
 }
 
-/// `core.v1.Node`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Node {
-    #[prost(message, optional, tag = "1")]
-    pub metadata: Option<ObjectMeta>,
-    #[prost(message, optional, tag = "2")]
-    pub spec: Option<NodeSpec>,
-    #[prost(message, optional, tag = "3")]
-    pub status: Option<NodeStatus>,
-}
+object!(
+    /// `core.v1.Node`.
+    Node, NodeSpec, NodeStatus
+);
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct NodeSpec {
@@ -430,13 +446,12 @@ pub struct NodeSpec {
     pub taints: Vec<Taint>,
 }
 
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Taint {
-    #[prost(string, optional, tag = "1")]
-    pub key: Option<String>,
-    #[prost(string, optional, tag = "3")]
-    pub effect: Option<String>,
-}
+strings!(
+    Taint {
+        key = "1",
+        effect = "3",
+    }
+);
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct NodeStatus {
@@ -444,30 +459,23 @@ pub struct NodeStatus {
     pub addresses: Vec<NodeAddress>,
 }
 
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct NodeAddress {
-    #[prost(string, optional, tag = "1")]
-    pub r#type: Option<String>,
-    #[prost(string, optional, tag = "2")]
-    pub address: Option<String>,
-}
+strings!(
+    NodeAddress {
+        r#type = "1",
+        address = "2",
+    }
+);
 
-/// `core.v1.Pod`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Pod {
-    #[prost(message, optional, tag = "1")]
-    pub metadata: Option<ObjectMeta>,
-    #[prost(message, optional, tag = "2")]
-    pub spec: Option<PodSpec>,
-    #[prost(message, optional, tag = "3")]
-    pub status: Option<PodStatus>,
-}
+object!(
+    /// `core.v1.Pod`.
+    Pod, PodSpec, PodStatus
+);
 
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct PodSpec {
-    #[prost(string, optional, tag = "10")]
-    pub node_name: Option<String>,
-}
+strings!(
+    PodSpec {
+        node_name = "10",
+    }
+);
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct PodStatus {
