@@ -72,9 +72,17 @@ pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 /// A gRPC channel over the unix socket at `path` (shared by the localnet
 /// and PodInfo clients).
 pub async fn channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
-    let path = path.to_owned();
     // The URI is required by the API but unused by the connector.
-    Endpoint::from_static("http://unix.invalid")
+    channel_with(Endpoint::from_static("http://unix.invalid"), path).await
+}
+
+/// [`channel`] with `endpoint`'s settings (its URI is not used).
+pub async fn channel_with(
+    endpoint: Endpoint,
+    path: &Path,
+) -> Result<Channel, tonic::transport::Error> {
+    let path = path.to_owned();
+    endpoint
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
             async move {

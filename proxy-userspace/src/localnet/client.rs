@@ -68,21 +68,46 @@ pub enum ClientError {
     Unreachable(String),
 }
 
-/// Opens a channel to the target (lazily for unix sockets' reconnects).
-pub async fn connect(target: &Target) -> Result<EndpointsClient<Channel>, ClientError> {
+/// The largest HTTP/2 frame the client takes (SETTINGS_MAX_FRAME_SIZE):
+/// the server sends a 25 MB state in frames of this size, not 16 KiB
+/// ones (one write and one read each).
+pub const MAX_FRAME_BYTES: u32 = 256 * 1024;
+/// The client's HTTP/2 receive windows: how much the server may send
+/// ahead of what the client has read, per stream and per connection.
+pub const STREAM_WINDOW_BYTES: u32 = 4 * 1024 * 1024;
+pub const CONNECTION_WINDOW_BYTES: u32 = 8 * 1024 * 1024;
+
+/// A channel to the target with the client's HTTP/2 settings (lazily
+/// reconnecting for unix sockets).
+pub async fn channel(target: &Target) -> Result<Channel, ClientError> {
     let err = |source| ClientError::Connect {
         target: target.clone(),
         source,
     };
-    let channel = match target {
-        Target::Tcp(addr) => Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(err)?
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .map_err(err)?,
-        Target::Unix(path) => grpc_unix::channel(path).await.map_err(err)?,
+    let settings = |e: Endpoint| {
+        e.max_frame_size(MAX_FRAME_BYTES)
+            .initial_stream_window_size(STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
     };
+    Ok(match target {
+        Target::Tcp(addr) => {
+            settings(Endpoint::from_shared(format!("http://{addr}")).map_err(err)?)
+                .connect_timeout(Duration::from_secs(5))
+                .connect()
+                .await
+                .map_err(err)?
+        }
+        Target::Unix(path) => {
+            grpc_unix::channel_with(settings(Endpoint::from_static("http://unix.invalid")), path)
+                .await
+                .map_err(err)?
+        }
+    })
+}
+
+/// Opens a channel to the target (lazily for unix sockets' reconnects).
+pub async fn connect(target: &Target) -> Result<EndpointsClient<Channel>, ClientError> {
+    let channel = channel(target).await?;
     Ok(EndpointsClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES))
 }
 
@@ -301,5 +326,69 @@ impl Watched {
         }
         self.apply(&begin, events)?;
         Ok(Some(begin))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    /// What the client says in its first HTTP/2 frames: the SETTINGS
+    /// (id, value) pairs and the connection window increment.
+    async fn client_settings(
+        target: Target,
+        listener: tokio::net::UnixListener,
+    ) -> (Vec<(u16, u32)>, u32) {
+        let dial = tokio::spawn(async move { channel(&target).await });
+        let (mut conn, _) = listener.accept().await.expect("the client connects");
+        let mut preface = [0u8; 24];
+        conn.read_exact(&mut preface).await.expect("preface");
+        assert_eq!(&preface, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+        let (mut settings, mut window) = (Vec::new(), 0);
+        // SETTINGS, then WINDOW_UPDATE on the connection.
+        for _ in 0..2 {
+            let mut head = [0u8; 9];
+            conn.read_exact(&mut head).await.expect("a frame header");
+            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+            let mut payload = vec![0u8; len];
+            conn.read_exact(&mut payload).await.expect("a frame");
+            match head[3] {
+                0x4 => {
+                    settings = payload
+                        .chunks(6)
+                        .map(|c| {
+                            let id = u16::from_be_bytes([c[0], c[1]]);
+                            (id, u32::from_be_bytes([c[2], c[3], c[4], c[5]]))
+                        })
+                        .collect()
+                }
+                0x8 => window = u32::from_be_bytes(payload[..4].try_into().expect("4 bytes")),
+                other => panic!("frame type {other} before the window update"),
+            }
+        }
+        dial.abort();
+        (settings, window)
+    }
+
+    /// The server may send frames of 256 KiB and 4 MiB per stream ahead
+    /// (8 MiB per connection), not HTTP/2's 16 KiB and 64 KiB: a 25 MB
+    /// state goes out in 100 writes, not 1,600.
+    #[tokio::test]
+    async fn the_client_takes_large_frames_and_windows() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.sock");
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+        let (settings, window) = tokio::time::timeout(
+            Duration::from_secs(10),
+            client_settings(Target::Unix(path), listener),
+        )
+        .await
+        .expect("the client's settings within 10 s");
+        // SETTINGS_INITIAL_WINDOW_SIZE (4) and SETTINGS_MAX_FRAME_SIZE (5).
+        assert!(settings.contains(&(4, STREAM_WINDOW_BYTES)), "{settings:?}");
+        assert!(settings.contains(&(5, MAX_FRAME_BYTES)), "{settings:?}");
+        assert_eq!(window, CONNECTION_WINDOW_BYTES - 65_535);
     }
 }
