@@ -584,7 +584,11 @@ pub fn compare(f: Family, expected: &Expected, found: Option<&TableContents>) ->
     };
     let e = &expected.contents;
     let mut out = Vec::new();
-    for name in differing(&e.chains, &found.chains) {
+    // The table's own chains first, then the services': a flushed table
+    // at many services still names its hooked chains in the lines logged.
+    let mut chains = differing(&e.chains, &found.chains);
+    chains.sort_by_key(|name| rules::service_of(name).is_some());
+    for name in chains {
         let (kind, want, got) = match (e.chains.get(name), found.chains.get(name)) {
             // Rules are compared where both sides counted them.
             (Some(Some(a)), Some(Some(b))) => {

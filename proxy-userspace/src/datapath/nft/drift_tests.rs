@@ -232,3 +232,31 @@ fn elements_decode_from_a_dump_message() {
         ]
     );
 }
+
+#[test]
+fn the_tables_own_chains_are_reported_before_the_services_chains() {
+    let mut e = Expected::default();
+    let mut f = TableContents::default();
+    for (name, rules) in [
+        ("ext-a/a/tcp/http", 2),
+        ("fw-a/a/tcp/http", 1),
+        ("services", 3),
+        ("svc-a/a/tcp/http", 2),
+        ("filter-input", 1),
+    ] {
+        e.contents.chains.insert(name.to_owned(), Some(rules));
+        f.chains.insert(name.to_owned(), Some(0));
+    }
+    let d = compare(Family::V4, &e, Some(&f));
+    let order: Vec<&str> = d.iter().map(|d| d.object.as_str()).collect();
+    assert_eq!(
+        order,
+        [
+            "ip ebpf-kube-proxy filter-input",
+            "ip ebpf-kube-proxy services",
+            "ip ebpf-kube-proxy ext-a/a/tcp/http",
+            "ip ebpf-kube-proxy fw-a/a/tcp/http",
+            "ip ebpf-kube-proxy svc-a/a/tcp/http",
+        ]
+    );
+}
