@@ -89,6 +89,9 @@ impl Full {
     }
 }
 
+/// Failures of one client kept with their time, for the timeline.
+const ERRORS_KEPT: usize = 100;
+
 /// What one client counted.
 #[derive(Clone, Debug, Default)]
 pub struct ClientCount {
@@ -100,6 +103,9 @@ pub struct ClientCount {
     /// Sockets the daemon destroyed (ECONNABORTED): their backend left.
     pub destroyed: u64,
     pub first_error: Option<String>,
+    /// Every failure (at most [`ERRORS_KEPT`]): when the client reported
+    /// it (since the load started) and its line.
+    pub errors: Vec<(Duration, String)>,
     pub syn_retrans: u64,
     pub retrans_segs: u64,
     pub per_second: f64,
@@ -321,14 +327,17 @@ fn cell(settings: &Settings, datapath: &str, row: &mut Row) -> Result<()> {
     let started = Instant::now();
     let clients = targets
         .iter()
-        .map(|(ns, target)| Client::start(&bed, ns, target))
+        .map(|(ns, target)| Client::start(&bed, ns, target, started))
         .collect::<Result<Vec<_>>>()?;
     let every = (settings.partial_syncs / settings.full_syncs.max(1)).max(1);
+    // When each sync was asked for and done, to place the failures.
+    let mut timeline: Vec<(Duration, Duration, String)> = Vec::new();
     let syncs = (|| -> Result<()> {
         let mut fulls = 0;
         for i in 0..settings.partial_syncs.max(settings.full_syncs) {
             if i < settings.partial_syncs {
                 generation += 1;
+                let asked = started.elapsed();
                 let rev = daemon::progress(&bed)?.programmed_rev;
                 bed.apply_manifests(&manifests(&bed, generation))?;
                 let waited = daemon::wait_for(
@@ -347,13 +356,27 @@ fn cell(settings: &Settings, datapath: &str, row: &mut Row) -> Result<()> {
                     )));
                 }
                 row.partials += 1;
+                timeline.push((
+                    asked,
+                    started.elapsed(),
+                    format!(
+                        "partial sync to endpoints of generation {generation} (pods {})",
+                        match generation % 4 {
+                            0 | 2 => "2+3",
+                            1 => "2",
+                            _ => "3",
+                        }
+                    ),
+                ));
             }
             if fulls < settings.full_syncs
                 && (i % every == every - 1 || i >= settings.partial_syncs)
             {
                 let kind = FULLS[fulls % FULLS.len()];
+                let asked = started.elapsed();
                 full_sync(&mut bed, kind)
                     .with_context(|| format!("full sync {} ({})", fulls + 1, kind.label()))?;
+                timeline.push((asked, started.elapsed(), kind.label().to_owned()));
                 *row.fulls.entry(kind.label().to_owned()).or_default() += 1;
                 fulls += 1;
             }
@@ -382,10 +405,44 @@ fn cell(settings: &Settings, datapath: &str, row: &mut Row) -> Result<()> {
         count.retrans_segs = delta("Tcp:RetransSegs");
     }
     syncs?;
+    print_failures(&row.clients, &timeline);
     if datapath == "nftables" {
         row.table_drift = Some(table_drift(&mut bed, settings.table_drifts)?);
     }
     Ok(())
+}
+
+/// Each failure a client reported, with the full syncs of the
+/// [`CONNECT_TIMEOUT_MS`] (and a half second) before it, and how many
+/// partial ones: a connection that waited out its timeout was opened then.
+fn print_failures(clients: &[ClientCount], timeline: &[(Duration, Duration, String)]) {
+    let window = Duration::from_millis(CONNECT_TIMEOUT_MS.parse().unwrap_or(3000) + 500);
+    for (name, c) in CLIENTS.iter().zip(clients) {
+        for (at, line) in &c.errors {
+            let from = at.saturating_sub(window);
+            let near: Vec<&(Duration, Duration, String)> = timeline
+                .iter()
+                .filter(|(asked, done, _)| *done >= from && asked <= at)
+                .collect();
+            let partials = near.iter().filter(|e| e.2.starts_with("partial")).count();
+            let fulls: Vec<String> = near
+                .iter()
+                .filter(|e| !e.2.starts_with("partial"))
+                .map(|(asked, done, what)| {
+                    format!(
+                        "{what} {:.2}-{:.2}s",
+                        asked.as_secs_f64(),
+                        done.as_secs_f64()
+                    )
+                })
+                .collect();
+            println!(
+                "      {name}: at {:.2}s {line}; in the {window:?} before: {partials} partial syncs, full: {}",
+                at.as_secs_f64(),
+                if fulls.is_empty() { "none".to_owned() } else { fulls.join(", ") }
+            );
+        }
+    }
 }
 
 /// What [`table_drift`] counted: requests made once the table was
@@ -596,7 +653,7 @@ struct Client {
 }
 
 impl Client {
-    fn start(bed: &Bed, netns: &str, target: &str) -> Result<Client> {
+    fn start(bed: &Bed, netns: &str, target: &str, started: Instant) -> Result<Client> {
         let mut child = bed.spawn_client(
             Some(netns),
             &[
@@ -627,6 +684,9 @@ impl Client {
                     c.failed += 1;
                 } else {
                     c.broken += 1;
+                }
+                if c.errors.len() < ERRORS_KEPT {
+                    c.errors.push((started.elapsed(), line.clone()));
                 }
                 c.first_error.get_or_insert(line);
             }
