@@ -8,7 +8,8 @@
 //! run.
 //!
 //! `cargo xtask bench --only kube-wire [--scales S]` prints the rows at the
-//! largest scale given (50k/250k by default); the scale table may call
+//! largest scale given (the goal's is 50k/250k: `--scales 50k/250k`; the
+//! default scales reach 100k/1M); the scale table may call
 //! [`build_decoder`], [`measure`] and [`rows`] itself. The decoder is
 //! `proxy-userspace/examples/kube_wire.rs`; the CPU figure is the least of
 //! [`RUNS`] reads of each list, whole (one answer per list, as an API
