@@ -1,17 +1,21 @@
 //! The old build the upgrade scenario switches to and from (issue 38 item
 //! 2): `cargo xtask e2e --filter upgrade [--upgrade-from REF]`.
 //!
-//! The old ref is checked out with `git worktree add` beside the workspace
-//! (`<workspace>/../upgrade-old/<sha>`, never inside it) and built there
-//! into its own target directory (`<workspace>/../upgrade-old/target`): its
-//! eBPF object and daemon never touch this tree's `target/`. The finished
-//! daemon is kept as `upgrade-old/bin/<sha>/ebpf-kube-proxy` and reused by
-//! every later run; the worktree is removed once built.
+//! Without `--upgrade-from`, the old build is [`RELEASE_POINT`]. The ref
+//! is checked out with `git worktree add` under this tree's target
+//! directory (`target/upgrade-old/src-<sha>`) and built there into a
+//! target directory of its own (`target/upgrade-old/target`): its eBPF
+//! object and daemon never touch the tree's own build. Only what the
+//! scenario runs is built: the eBPF object (the old tree's own
+//! `cargo xtask build-ebpf --release`) and the daemon that embeds it. The
+//! daemon is kept as `target/upgrade-old/<sha>/ebpf-kube-proxy` and reused
+//! by every later run; the worktree and the build directory are removed
+//! once it is there (a build from scratch takes minutes, the daemon alone
+//! is a few hundred MB less than its build directory).
 //!
-//! Without `--upgrade-from`, the old ref is the last commit that changed a
-//! pinned map's layout or the programs' section names ([`LAYOUT_PATHS`],
-//! [`LAYOUT_LINES`]): the newest build whose pins a daemon of this tree
-//! can meet on a node.
+//! [`last_layout_change`] is only told: when a pinned map's layout or a
+//! program section changed after the release point, the run says so, as a
+//! reminder to move [`RELEASE_POINT`] once that change has landed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,6 +23,18 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+
+/// The default old build: the last landed release point, a commit whose
+/// whole tree builds (`cargo xtask build-ebpf --release`, `cargo build
+/// --bin ebpf-kube-proxy`) and whose daemon removes pins it does not know
+/// (`datapath/ebpf/foreign.rs`; a build from before that leaves a newer
+/// build's pins behind on a rollback, and the scenario fails on them).
+///
+/// Rule: when a change to a pinned map's layout, a pin name or a program
+/// section lands, move this to the commit that landed (or to the last
+/// release point before it that still builds), never to a commit of a
+/// session in progress (one that may not build on its own).
+pub const RELEASE_POINT: &str = "103f5fbc8cac134c9ae37702ea24df8297ea0d66";
 
 /// Where the pinned maps' layout and the programs' sections are defined.
 pub const LAYOUT_PATHS: [&str; 2] = ["proxy-common/src/lib.rs", "proxy-ebpf/src"];
@@ -44,11 +60,10 @@ pub fn old_build() -> Option<&'static OldBuild> {
     OLD.get()
 }
 
-/// Where old builds live: beside the workspace, not in it.
+/// Where old builds live: `target/upgrade-old`, beside this tree's own
+/// build and ignored by git.
 pub fn upgrade_dir(root: &Path) -> PathBuf {
-    root.parent()
-        .unwrap_or(Path::new("/tmp"))
-        .join("upgrade-old")
+    crate::paths::target_dir(root).join("upgrade-old")
 }
 
 fn git(root: &Path, args: &[&str]) -> Result<String> {
@@ -71,34 +86,40 @@ fn git(root: &Path, args: &[&str]) -> Result<String> {
 pub fn last_layout_change(root: &Path) -> Result<String> {
     let mut args = vec!["log", "-1", "--format=%H", "-G", LAYOUT_LINES, "--"];
     args.extend(LAYOUT_PATHS);
-    let sha = git(root, &args)?;
-    if sha.is_empty() {
-        bail!("no commit changed {LAYOUT_PATHS:?}: give --upgrade-from REF");
-    }
-    Ok(sha)
+    git(root, &args)
 }
 
-/// Resolves `from` (or the default), builds it unless built already, and
-/// records it for the scenario.
+/// Resolves `from` (or [`RELEASE_POINT`]), builds it unless built already,
+/// and records it for the scenario.
 pub fn prepare(root: &Path, from: Option<&str>) -> Result<&'static OldBuild> {
     if let Some(b) = OLD.get() {
         return Ok(b);
     }
-    let (sha, why) = match from {
-        Some(r) => (
-            git(root, &["rev-parse", "--verify", &format!("{r}^{{commit}}")])?,
-            format!("--upgrade-from {r}"),
-        ),
+    let (r, why) = match from {
+        Some(r) => (r, format!("--upgrade-from {r}")),
         None => (
-            last_layout_change(root)?,
-            "the last commit that changed a pinned map's layout or a program section".to_owned(),
+            RELEASE_POINT,
+            "the release point, RELEASE_POINT in xtask/src/e2e/upgrade.rs".to_owned(),
         ),
     };
+    let sha = git(root, &["rev-parse", "--verify", &format!("{r}^{{commit}}")])
+        .with_context(|| format!("the old build {r} ({why}) is not in this clone's history"))?;
     let title = git(root, &["log", "-1", "--format=%h %s", &sha])?;
     let title: String = title.chars().take(100).collect();
     println!("upgrade: old build {title} ({why})");
+    if let Ok(layout) = last_layout_change(root) {
+        let after = !layout.is_empty()
+            && layout != sha
+            && git(root, &["merge-base", "--is-ancestor", &sha, &layout]).is_ok();
+        if after {
+            println!(
+                "upgrade: note: {} changed a pinned map's layout or a program section after it; move RELEASE_POINT once that has landed",
+                &layout[..12.min(layout.len())]
+            );
+        }
+    }
     let dir = upgrade_dir(root);
-    let daemon_bin = dir.join("bin").join(&sha).join("ebpf-kube-proxy");
+    let daemon_bin = dir.join(&sha).join("ebpf-kube-proxy");
     if daemon_bin.exists() {
         println!("upgrade: reusing {}", daemon_bin.display());
     } else {
@@ -112,11 +133,11 @@ pub fn prepare(root: &Path, from: Option<&str>) -> Result<&'static OldBuild> {
 }
 
 /// `git worktree add` of `sha`, its eBPF object and debug daemon built
-/// into `dir/target`, the daemon copied to `daemon_bin`, the worktree
-/// removed.
+/// into `dir/target`, the daemon copied to `daemon_bin`, the worktree and
+/// the build directory removed.
 fn build(root: &Path, dir: &Path, sha: &str, daemon_bin: &Path) -> Result<()> {
     let started = Instant::now();
-    let tree = dir.join(sha);
+    let tree = dir.join(format!("src-{sha}"));
     let target = dir.join("target");
     std::fs::create_dir_all(dir)?;
     if !tree.join("Cargo.toml").exists() {
@@ -145,8 +166,9 @@ fn build(root: &Path, dir: &Path, sha: &str, daemon_bin: &Path) -> Result<()> {
     std::fs::rename(&tmp, daemon_bin)?;
     let tree_arg = tree.to_string_lossy().into_owned();
     git(root, &["worktree", "remove", "--force", &tree_arg])?;
+    std::fs::remove_dir_all(&target).with_context(|| format!("removing {}", target.display()))?;
     println!(
-        "upgrade: built {sha} in {:.0} s (target directory {})",
+        "upgrade: built {sha} in {:.0} s (into {}, then removed)",
         started.elapsed().as_secs_f64(),
         target.display()
     );
