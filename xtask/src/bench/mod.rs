@@ -433,16 +433,21 @@ fn scale_table(
         daemon_bin,
         fanout_bin,
     };
+    let only_big = o.only.as_deref() == Some("big-service");
+    let scales: &[Scale] = if only_big { &[] } else { &o.scales };
     println!(
-        "==> scale table at {commit}: {} scale(s) × {:?} × {:?}",
-        o.scales.len(),
+        "==> scale table at {commit}: {:?} × {:?} × {:?}{}",
+        scales.iter().map(Scale::label).collect::<Vec<_>>(),
         o.datapaths,
-        o.sources.iter().map(|s| s.as_str()).collect::<Vec<_>>()
+        o.sources.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+        if o.big_service || only_big {
+            ", and the big-service cell"
+        } else {
+            ""
+        }
     );
     let mut cells = Vec::new();
     let mut baselines = BTreeMap::new();
-    let only_big = o.only.as_deref() == Some("big-service");
-    let scales: &[Scale] = if only_big { &[] } else { &o.scales };
     for &scale in scales {
         // `nft -f` alone takes minutes at 10k services: --quick loads the
         // baseline at the smallest scale only, and no run at 1M (capped
