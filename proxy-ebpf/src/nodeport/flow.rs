@@ -15,8 +15,8 @@ use proxy_common::{
 
 use super::rewrite::{route, translate};
 use super::{
-    count, frontend_key, now_ns, reject, Pkt, Tuple, CT_REFRESH_NS, DROP, EKP_CT, EKP_EXT_AFFINITY,
-    EKP_IFACES, EKP_SRC_RANGES, SNAT_PORT_TRIES, TCP_FIN, TCP_RST, TCX_NEXT,
+    coarse_now_ns, count, frontend_key, reject, Pkt, Tuple, CT_REFRESH_NS, DROP, EKP_CT,
+    EKP_EXT_AFFINITY, EKP_IFACES, EKP_SRC_RANGES, SNAT_PORT_TRIES, TCP_FIN, TCP_RST, TCX_NEXT,
 };
 use crate::{random_slot, EKP_BACKENDS, NSEC_PER_SEC};
 
@@ -62,7 +62,7 @@ fn ct_lookup(p: &Pkt) -> Option<CtValue> {
     let ptr = EKP_CT.get_ptr_mut(ct_key(p))?;
     // Read only now: a packet of no tracked flow (most of what leaves
     // the node) costs the lookup alone.
-    let now = now_ns();
+    let now = coarse_now_ns();
     // SAFETY: a pointer into an LRU map value; the entry may be updated
     // concurrently by another CPU, which at worst loses a refresh.
     let v = unsafe { &mut *ptr };
@@ -73,7 +73,9 @@ fn ct_lookup(p: &Pkt) -> Option<CtValue> {
     } else {
         CT_TIMEOUT_TCP
     };
-    let idle = now.wrapping_sub(v.last_seen_ns);
+    // Saturating: an entry written by a new flow (with the precise clock)
+    // may be up to a tick ahead of the coarse one.
+    let idle = now.saturating_sub(v.last_seen_ns);
     if idle > timeout as u64 * NSEC_PER_SEC {
         return None;
     }
