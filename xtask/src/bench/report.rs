@@ -241,7 +241,7 @@ fn rows(datapath: &str, source: Source) -> Vec<Row> {
             |c| peak_rss(&c.relist),
         ));
     }
-    if source == Source::File {
+    if source != Source::Kube {
         rows.push(Row::new(
             "every pod rotated, one burst of renamed manifests: rename → programmed",
             "s",

@@ -28,7 +28,11 @@ pub(in crate::bench) use start::{full_sync, route_generated, sampled_ips};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
+    /// Manifests as kubectl-style YAML.
     File,
+    /// The same manifests as JSON documents (issue 37: exec -> served for
+    /// YAML and JSON).
+    FileJson,
     Kube,
 }
 
@@ -36,6 +40,7 @@ impl Source {
     pub fn as_str(self) -> &'static str {
         match self {
             Source::File => "file",
+            Source::FileJson => "file-json",
             Source::Kube => "kube",
         }
     }
@@ -199,9 +204,13 @@ impl Drop for Driver {
 
 fn prepare(bed: &mut Bed, scale: Scale, source: Source, pods: &[String]) -> Result<Driver> {
     match source {
-        Source::File => {
+        Source::File | Source::FileJson => {
             let dir = bed.dir.join("manifests");
-            manifests::write_files(&dir, scale, pods)?;
+            let format = match source {
+                Source::FileJson => manifests::Format::Json,
+                _ => manifests::Format::Yaml,
+            };
+            manifests::write_files_as(&dir, scale, pods, format)?;
             Ok(Driver::File(dir))
         }
         Source::Kube => {
