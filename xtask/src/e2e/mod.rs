@@ -86,14 +86,7 @@ fn preflight() -> Result<()> {
 /// hidden behind a rerun (issue 38).
 pub fn run(root: &Path, opts: &Options) -> Result<(usize, usize, usize)> {
     preflight()?;
-    // The upgrade scenario runs only when a filter names it: its default
-    // old build is a commit of this session's history that does not build,
-    // and a downgrade to the last landed build leaves this build's new
-    // pins (EKP_FRAGS, the lb_source link) behind; see issue 38.
-    let selected = |name: &str| match opts.filter.as_deref() {
-        Some(f) => name.contains(f),
-        None => !name.starts_with("upgrade"),
-    };
+    let selected = |name: &str| opts.filter.as_deref().is_none_or(|f| name.contains(f));
     if scenarios::all()
         .iter()
         .any(|s| s.name.starts_with("upgrade") && selected(s.name))

@@ -1,5 +1,6 @@
 //! The old build the upgrade scenario switches to and from (issue 38 item
-//! 2): `cargo xtask e2e --filter upgrade [--upgrade-from REF]`.
+//! 2): `cargo xtask e2e --filter upgrade [--upgrade-from REF]`, and part of
+//! every unfiltered `cargo xtask e2e` and `cargo xtask test` run.
 //!
 //! Without `--upgrade-from`, the old build is [`RELEASE_POINT`]. The ref
 //! is checked out with `git worktree add` under this tree's target
