@@ -123,16 +123,7 @@ impl StaleFlows {
             }
         }
         for (k, v) in &stale {
-            // The reply direction, as `record` in the tc program writes it.
-            let reply = CtKey {
-                saddr: v.daddr,
-                daddr: v.saddr,
-                sport: v.dport,
-                dport: v.sport,
-                proto: k.proto,
-                family: k.family,
-                _pad: 0,
-            };
+            let reply = reply_key(k, v);
             // Gone already (expired, evicted): nothing to do.
             let _ = ct.remove(k);
             if k.proto != PROTO_TCP {
@@ -148,5 +139,19 @@ impl StaleFlows {
             }
         }
         Ok(stale.len())
+    }
+}
+
+/// The key of a tracked flow's reply direction, as `record` in the tc
+/// program writes it from the flow's entry.
+pub(crate) fn reply_key(k: &CtKey, v: &CtValue) -> CtKey {
+    CtKey {
+        saddr: v.daddr,
+        daddr: v.saddr,
+        sport: v.dport,
+        dport: v.sport,
+        proto: k.proto,
+        family: k.family,
+        _pad: 0,
     }
 }

@@ -422,16 +422,7 @@ fn judge_ct(
     if member {
         return;
     }
-    // The reply direction, as `record` in the tc program writes it.
-    let reply = CtKey {
-        saddr: v.daddr,
-        daddr: v.saddr,
-        sport: v.dport,
-        dport: v.sport,
-        proto: k.proto,
-        family: k.family,
-        _pad: 0,
-    };
+    let reply = crate::datapath::ebpf::ctflush::reply_key(k, v);
     s.keys.extend([*k, reply]);
     replies.insert(reply);
     let found = if frontend {
